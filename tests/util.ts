@@ -1,0 +1,87 @@
+/** Test helpers: a seeded RNG, array comparison that reports like llm.c, the adapter banner. */
+import { getGpu, type Gpu } from "../engine/gpu.ts";
+
+/** mulberry32: a small seeded PRNG; `next()` is uniform in [0, 1). */
+export function rng(seed: number) {
+  let a = seed >>> 0;
+  const next = () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+  /** Uniform in [-scale, scale). */
+  const uniform = (n: number, scale = 1) => {
+    const out = new Float64Array(n);
+    for (let i = 0; i < n; i++) out[i] = (next() * 2 - 1) * scale;
+    return out;
+  };
+  const int = (n: number) => Math.floor(next() * n);
+  return { next, uniform, int };
+}
+
+/** Result of {@linkcode compare}. */
+export interface Comparison {
+  maxAbs: number;
+  maxRel: number;
+  firstBad: number;
+  report: string;
+}
+
+/**
+ * Compares `got` against the float64 `want`: an element is bad when
+ * |got - want| > atol + rtol * |want|. Returns max-abs, max relative error and the first bad
+ * index, and a one-line report for the test log.
+ */
+export function compare(
+  label: string,
+  got: ArrayLike<number>,
+  want: ArrayLike<number>,
+  atol = 1e-4,
+  rtol = 1e-3,
+): Comparison {
+  if (got.length !== want.length) {
+    throw new Error(`${label}: length ${got.length} != expected ${want.length}`);
+  }
+  let maxAbs = 0, maxRel = 0, firstBad = -1;
+  for (let i = 0; i < want.length; i++) {
+    const d = Math.abs(got[i] - want[i]);
+    if (!(d <= atol + rtol * Math.abs(want[i]))) {
+      if (firstBad < 0) firstBad = i;
+    }
+    if (!(d <= maxAbs)) maxAbs = d;
+    const r = d / Math.max(Math.abs(want[i]), 1e-6);
+    if (!(r <= maxRel)) maxRel = r;
+  }
+  const report = `${label}: n=${want.length} max_abs=${maxAbs.toExponential(2)} ` +
+    `max_rel=${maxRel.toExponential(2)}` +
+    (firstBad >= 0
+      ? ` FIRST MISMATCH at ${firstBad}: got ${got[firstBad]} want ${want[firstBad]}`
+      : "");
+  console.log(report);
+  return { maxAbs, maxRel, firstBad, report };
+}
+
+/** Asserts {@linkcode compare} found no bad element. */
+export function assertClose(
+  label: string,
+  got: ArrayLike<number>,
+  want: ArrayLike<number>,
+  atol = 1e-4,
+  rtol = 1e-3,
+): void {
+  const c = compare(label, got, want, atol, rtol);
+  if (c.firstBad >= 0) throw new Error(c.report);
+}
+
+let printed = false;
+/** The shared GPU; prints the adapter once per test process. */
+export async function testGpu(): Promise<Gpu> {
+  const gpu = await getGpu();
+  if (!printed) {
+    printed = true;
+    console.log(`adapter: ${gpu.adapterName} (f16: ${gpu.hasF16})`);
+  }
+  return gpu;
+}

@@ -1,0 +1,63 @@
+/**
+ * Weight dtypes and their packed GPU form. 16-bit weights stay 16-bit on the GPU: two halves per
+ * u32, the even flat index in the low half. f32 weights are bound as their bit patterns.
+ */
+
+/** Weight dtypes strata loads. */
+export type DType = "f32" | "f16" | "bf16";
+
+/** The WGSL `WDTYPE` override value for a dtype (see docs/internals.md). */
+export const WDTYPE: Record<DType, number> = { f32: 0, f16: 1, bf16: 2 };
+
+/** Bytes per element. */
+export const BYTES: Record<DType, number> = { f32: 4, f16: 2, bf16: 2 };
+
+/** Rounds to the nearest bf16 (round-half-to-even) and returns its 16-bit pattern. */
+export function bf16Bits(x: number): number {
+  const f = new Float32Array([x]);
+  const u = new Uint32Array(f.buffer)[0];
+  if ((u & 0x7f800000) === 0x7f800000 && (u & 0x7fffff) !== 0) return 0x7fc0; // NaN
+  const rounded = u + 0x7fff + ((u >>> 16) & 1);
+  return (rounded >>> 16) & 0xffff;
+}
+
+/** The value of a bf16 bit pattern. */
+export function bf16Value(bits: number): number {
+  return new Float32Array(new Uint32Array([(bits & 0xffff) << 16]).buffer)[0];
+}
+
+/**
+ * Encodes values as raw little-endian bytes of `dtype` (the safetensors layout), padded to a
+ * multiple of 4 bytes so the result can be uploaded as-is.
+ */
+export function encode(values: ArrayLike<number>, dtype: DType): Uint8Array<ArrayBuffer> {
+  const n = values.length;
+  if (dtype === "f32") return new Uint8Array(Float32Array.from(values).buffer);
+  const halves = new Uint16Array(n + (n & 1));
+  if (dtype === "f16") halves.set(new Uint16Array(Float16Array.from(values).buffer));
+  else for (let i = 0; i < n; i++) halves[i] = bf16Bits(values[i]);
+  return new Uint8Array(halves.buffer);
+}
+
+/** Decodes raw little-endian `dtype` bytes (as stored in safetensors) to float64. */
+export function decode(bytes: Uint8Array, dtype: DType, count?: number): Float64Array {
+  const n = count ?? bytes.byteLength / BYTES[dtype];
+  const aligned = bytes.byteOffset % 4 === 0 ? bytes : bytes.slice();
+  const out = new Float64Array(n);
+  if (dtype === "f32") {
+    const f = new Float32Array(aligned.buffer, aligned.byteOffset, n);
+    for (let i = 0; i < n; i++) out[i] = f[i];
+  } else if (dtype === "f16") {
+    const h = new Float16Array(aligned.buffer, aligned.byteOffset, n);
+    for (let i = 0; i < n; i++) out[i] = h[i];
+  } else {
+    const h = new Uint16Array(aligned.buffer, aligned.byteOffset, n);
+    for (let i = 0; i < n; i++) out[i] = bf16Value(h[i]);
+  }
+  return out;
+}
+
+/** Rounds values through `dtype` and back (what the GPU will see). */
+export function roundTrip(values: ArrayLike<number>, dtype: DType): Float64Array {
+  return decode(encode(values, dtype), dtype, values.length);
+}

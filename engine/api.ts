@@ -64,3 +64,39 @@ export interface GenerateRequest {
   sessionId?: string;
   signal?: AbortSignal;
 }
+
+/** What a session keeps between requests (see `GET /v1/sessions/:id`). */
+export interface SessionInfo {
+  id: string;
+  /** Tokens whose KV the session holds (prompt and generated text of earlier turns). */
+  tokens: number;
+  createdAt: number;
+  updatedAt: number;
+}
+
+/** KV blocks per tier, for /metrics and /health. */
+export interface KvStats {
+  blockTokens: number;
+  gpu: { used: number; total: number };
+  kv: { used: number };
+  fs: { used: number };
+}
+
+/** The engine the server drives (implemented by `Engine` in engine/engine.ts). */
+export interface EngineLike {
+  modelId: string;
+  adapterName: string;
+  /** Maximum prompt + generated tokens per sequence. */
+  contextLength: number;
+  /** Encodes text (adds BOS when the model's tokenizer config says so). */
+  encode(text: string): number[];
+  /** Renders messages through the chat template and encodes them. */
+  encodeChat(messages: { role: string; content: string }[]): number[];
+  decode(ids: number[]): string;
+  generate(request: GenerateRequest): Generation;
+  session(id: string): SessionInfo | undefined;
+  deleteSession(id: string): Promise<boolean>;
+  /** Sequences running now and waiting for admission. */
+  load(): { running: number; queued: number; maxRunning: number; maxQueued: number };
+  kvStats(): KvStats;
+}

@@ -39,6 +39,8 @@ export function getGpu(): Promise<Gpu> {
 /** Creates a new device with raised limits. Prefer {@linkcode getGpu}. */
 export async function createGpu(options: GpuOptions = {}): Promise<Gpu> {
   if (!("gpu" in navigator)) throw new Error("WebGPU is not available in this Deno build");
+  // wgpu's GL and Vulkan loaders want a runtime dir; headless machines often have none.
+  if (!Deno.env.get("XDG_RUNTIME_DIR")) Deno.env.set("XDG_RUNTIME_DIR", "/tmp");
   const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance" });
   if (!adapter) {
     throw new Error(

@@ -1,0 +1,208 @@
+/**
+ * The paged KV cache's bookkeeping (nano-vllm size): a pool of 16-token blocks with reference
+ * counts and a chained content hash, so identical prefixes share blocks and a freed block can be
+ * found again by content until it is reused. The GPU memory itself lives in engine/forward.ts.
+ */
+import xxhash from "xxhash-wasm";
+
+/** Tokens per block. */
+export const BLOCK = 16;
+
+/** Life of a block: in a sequence, cached but free to reuse, or being spilled. */
+export type BlockState = "active" | "inactive" | "pending-evict";
+/** Where a block's contents live. */
+export type Tier = "gpu" | "kv" | "fs";
+
+/** Per-block bookkeeping (DESIGN.md "KV: paged, tiered, content-addressed"). */
+export interface Block {
+  id: number;
+  refCount: number;
+  state: BlockState;
+  tier: Tier;
+  accessCount: number;
+  lastAccess: number;
+  /** Chained xxh64 of (parent hash, token ids); 0n until the block is full. */
+  hash: bigint;
+  /** Token ids of a full block (checked on a hash hit). */
+  tokens: number[];
+}
+
+const hasher = await xxhash();
+
+/** Chains a block hash: xxh64 over the parent hash and the block's token ids. */
+export function blockHash(parent: bigint, tokens: number[]): bigint {
+  const buf = new Uint32Array(2 + tokens.length);
+  buf[0] = Number(parent & 0xffffffffn);
+  buf[1] = Number(parent >> 32n);
+  buf.set(tokens, 2);
+  return hasher.h64Raw(new Uint8Array(buf.buffer));
+}
+
+/** Thrown when the pool has no free block; the scheduler preempts or queues. */
+export class OutOfBlocksError extends Error {
+  constructor(need: number, free: number) {
+    super(`KV cache full: need ${need} blocks, ${free} free`);
+  }
+}
+
+/** A pool of `numBlocks` GPU blocks. Block 0 is reserved as the trash block (never allocated). */
+export class BlockPool {
+  readonly blocks: Block[];
+  readonly trash = 0;
+  #free: number[] = [];
+  #byHash = new Map<bigint, number>();
+
+  constructor(numBlocks: number) {
+    if (numBlocks < 2) throw new Error(`internal error: pool needs >= 2 blocks, got ${numBlocks}`);
+    this.blocks = Array.from({ length: numBlocks }, (_, id) => ({
+      id,
+      refCount: id === 0 ? 1 : 0,
+      state: id === 0 ? "active" : "inactive",
+      tier: "gpu",
+      accessCount: 0,
+      lastAccess: 0,
+      hash: 0n,
+      tokens: [],
+    }));
+    // Lowest ids first keeps small tests readable; order after that is LRU (push on free).
+    for (let i = numBlocks - 1; i >= 1; i--) this.#free.push(i);
+  }
+
+  /** Blocks not referenced by any sequence (cached ones included). */
+  get freeCount(): number {
+    return this.#free.length;
+  }
+
+  get usedCount(): number {
+    return this.blocks.length - 1 - this.#free.length;
+  }
+
+  /** Takes a free block (the least recently freed), dropping any cached content it had. */
+  allocate(): number {
+    const id = this.#free.shift();
+    if (id === undefined) throw new OutOfBlocksError(1, 0);
+    const b = this.blocks[id];
+    if (b.hash !== 0n && this.#byHash.get(b.hash) === id) this.#byHash.delete(b.hash);
+    Object.assign(b, { refCount: 1, state: "active", hash: 0n, tokens: [], accessCount: 1 });
+    b.lastAccess = performance.now();
+    return id;
+  }
+
+  /** Looks up a full block by content; on a hit takes a reference to it. */
+  lookup(hash: bigint, tokens: number[]): number | undefined {
+    const id = this.#byHash.get(hash);
+    if (id === undefined) return undefined;
+    const b = this.blocks[id];
+    if (b.tokens.length !== tokens.length || b.tokens.some((t, i) => t !== tokens[i])) {
+      return undefined;
+    }
+    if (b.refCount === 0) {
+      this.#free.splice(this.#free.indexOf(id), 1);
+      b.state = "active";
+    }
+    b.refCount++;
+    b.accessCount++;
+    b.lastAccess = performance.now();
+    return id;
+  }
+
+  /** Records the content of a block that just became full, so later prompts can share it. */
+  seal(id: number, hash: bigint, tokens: number[]): void {
+    const b = this.blocks[id];
+    b.hash = hash;
+    b.tokens = tokens.slice();
+    if (!this.#byHash.has(hash)) this.#byHash.set(hash, id);
+  }
+
+  /** Drops one reference; a block nobody holds becomes free but keeps its cached content. */
+  release(id: number): void {
+    const b = this.blocks[id];
+    if (b.refCount <= 0) throw new Error(`internal error: release of free block ${id}`);
+    if (--b.refCount === 0) {
+      b.state = "inactive";
+      if (b.hash === 0n) this.#free.unshift(id); // nothing worth keeping: reuse first
+      else this.#free.push(id);
+    }
+  }
+}
+
+/**
+ * One sequence's view of the cache: its token ids and the blocks that hold their KV.
+ * `tokens.length` may run ahead of `computed` (tokens whose KV is not written yet).
+ */
+export class SequenceBlocks {
+  readonly table: number[] = [];
+  readonly tokens: number[] = [];
+  /** Tokens whose KV is in the cache. */
+  computed = 0;
+  #hashes: bigint[] = [];
+
+  constructor(readonly pool: BlockPool) {}
+
+  /**
+   * Appends prompt tokens, sharing full blocks already in the pool when this sequence is at a
+   * block boundary. Returns how many of the appended tokens were found cached.
+   */
+  appendPrompt(ids: number[]): number {
+    let cached = 0;
+    const start = this.tokens.length;
+    if (start === this.computed && start % BLOCK === 0) {
+      let parent = this.#hashes.at(-1) ?? 0n;
+      // Keep at least one token to prefill: the last one's logits start generation.
+      for (let i = 0; i + BLOCK < ids.length; i += BLOCK) {
+        const chunk = ids.slice(i, i + BLOCK);
+        const h = blockHash(parent, chunk);
+        const id = this.pool.lookup(h, chunk);
+        if (id === undefined) break;
+        this.table.push(id);
+        this.#hashes.push(h);
+        this.tokens.push(...chunk);
+        parent = h;
+        cached += BLOCK;
+      }
+      this.computed += cached;
+    }
+    this.tokens.push(...ids.slice(cached));
+    return cached;
+  }
+
+  /** Makes sure blocks exist for positions [0, upTo). */
+  reserve(upTo: number): void {
+    const need = Math.ceil(upTo / BLOCK) - this.table.length;
+    if (need > this.pool.freeCount) throw new OutOfBlocksError(need, this.pool.freeCount);
+    for (let i = 0; i < need; i++) this.table.push(this.pool.allocate());
+  }
+
+  /** Marks KV for tokens up to `n` as written; seals blocks that became full. */
+  markComputed(n: number): void {
+    for (let b = Math.floor(this.computed / BLOCK); b < Math.floor(n / BLOCK); b++) {
+      if (this.#hashes.length !== b) continue;
+      const chunk = this.tokens.slice(b * BLOCK, (b + 1) * BLOCK);
+      const h = blockHash(this.#hashes.at(-1) ?? 0n, chunk);
+      this.#hashes.push(h);
+      this.pool.seal(this.table[b], h, chunk);
+    }
+    this.computed = n;
+  }
+
+  /** Forgets tokens from `n` on (KV past them is dropped; whole blocks past them freed). */
+  truncate(n: number): void {
+    // A partial last block that others share or can find by hash must not be written into:
+    // drop it whole and recompute its tokens instead (no copy-on-write needed).
+    const last = this.table[Math.ceil(n / BLOCK) - 1];
+    if (n % BLOCK !== 0 && last !== undefined) {
+      const b = this.pool.blocks[last];
+      if (b.refCount > 1 || b.hash !== 0n) n -= n % BLOCK;
+    }
+    this.tokens.length = Math.min(this.tokens.length, n);
+    this.computed = Math.min(this.computed, n);
+    const keep = Math.ceil(n / BLOCK);
+    while (this.table.length > keep) this.pool.release(this.table.pop()!);
+    this.#hashes.length = Math.min(this.#hashes.length, Math.floor(n / BLOCK));
+  }
+
+  /** Releases every block. */
+  free(): void {
+    this.truncate(0);
+  }
+}

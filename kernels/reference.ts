@@ -6,8 +6,527 @@
 
 // ---- section: weights (dtype helpers) ----
 
+import { type DType, roundTrip } from "../engine/dtype.ts";
+
+/**
+ * Weight values as the GPU sees them: each rounded through `dtype` and widened to float64.
+ * References take weights in this form, so the comparison measures the kernel, not the dtype.
+ *
+ * @example
+ * const w = weightRef([0.1, 0.2], "bf16"); // Float64Array [0.10009765625, 0.2001953125]
+ */
+export function weightRef(values: ArrayLike<number>, dtype: DType): Float64Array {
+  return roundTrip(values, dtype);
+}
+
 // ---- section: linear (embedding, rmsnorm, matmul, elementwise) ----
+
+/** Options for {@linkcode embeddingRef}. */
+export interface EmbeddingRefOptions {
+  /** Width of one table row (the hidden size). */
+  cols: number;
+}
+
+/** `out[t, :] = table[tokens[t], :]` → float64 `[T, cols]`. */
+export function embeddingRef(
+  table: ArrayLike<number>,
+  tokens: ArrayLike<number>,
+  opts: EmbeddingRefOptions,
+): Float64Array {
+  const { cols } = opts;
+  const out = new Float64Array(tokens.length * cols);
+  for (let t = 0; t < tokens.length; t++) {
+    for (let c = 0; c < cols; c++) out[t * cols + c] = table[tokens[t] * cols + c];
+  }
+  return out;
+}
+
+/** Options for {@linkcode rmsnormRef}. */
+export interface RmsnormRefOptions {
+  cols: number;
+  eps: number;
+  /** Gather: output row i normalises input row `rows[i]` (default: every row in order). */
+  rows?: ArrayLike<number>;
+}
+
+/** `out[i, :] = x[r(i), :] / sqrt(mean(x[r(i), :]²) + eps) * weight` → float64 `[count, cols]`. */
+export function rmsnormRef(
+  x: ArrayLike<number>,
+  weight: ArrayLike<number>,
+  opts: RmsnormRefOptions,
+): Float64Array {
+  const { cols, eps } = opts;
+  const count = opts.rows ? opts.rows.length : x.length / cols;
+  const out = new Float64Array(count * cols);
+  for (let i = 0; i < count; i++) {
+    const r = opts.rows ? opts.rows[i] : i;
+    let ss = 0;
+    for (let c = 0; c < cols; c++) ss += x[r * cols + c] ** 2;
+    const scale = 1 / Math.sqrt(ss / cols + eps);
+    for (let c = 0; c < cols; c++) out[i * cols + c] = x[r * cols + c] * scale * weight[c];
+  }
+  return out;
+}
+
+/** Options for {@linkcode matmulRef}. */
+export interface MatmulRefOptions {
+  m: number;
+  n: number;
+  k: number;
+  /** `[n]`, added to every output row. */
+  bias?: ArrayLike<number>;
+  /** `[m, n]` prior contents of y: the result is added to it (the fused residual add). */
+  y?: ArrayLike<number>;
+}
+
+/**
+ * `y[m, n] = (y0[m, n] +) Σ_k x[m, k] w[n, k] (+ bias[n])` → float64 `[m, n]`; `w` is the
+ * Hugging Face `[out, in]` layout, already rounded through its dtype ({@linkcode weightRef}).
+ */
+export function matmulRef(
+  x: ArrayLike<number>,
+  w: ArrayLike<number>,
+  opts: MatmulRefOptions,
+): Float64Array {
+  const { m, n, k } = opts;
+  const out = new Float64Array(m * n);
+  for (let i = 0; i < m; i++) {
+    for (let j = 0; j < n; j++) {
+      let s = 0;
+      for (let l = 0; l < k; l++) s += x[i * k + l] * w[j * k + l];
+      out[i * n + j] = s + (opts.bias ? opts.bias[j] : 0) + (opts.y ? opts.y[i * n + j] : 0);
+    }
+  }
+  return out;
+}
+
+/** Options for {@linkcode siluMulRef}. */
+export interface SiluMulRefOptions {
+  m: number;
+  /** Intermediate size: gate is columns `[0, f)` of each `[2f]` row, up is `[f, 2f)`. */
+  f: number;
+}
+
+/** `out[m, j] = silu(gate[m, j]) * up[m, j]` from one `[m, 2f]` gate‖up array → `[m, f]`. */
+export function siluMulRef(gateUp: ArrayLike<number>, opts: SiluMulRefOptions): Float64Array {
+  const { m, f } = opts;
+  const out = new Float64Array(m * f);
+  for (let i = 0; i < m; i++) {
+    for (let j = 0; j < f; j++) {
+      const g = gateUp[i * 2 * f + j];
+      out[i * f + j] = g / (1 + Math.exp(-g)) * gateUp[i * 2 * f + f + j];
+    }
+  }
+  return out;
+}
+
+/** `out = a + b`, elementwise. */
+export function addRef(a: ArrayLike<number>, b: ArrayLike<number>): Float64Array {
+  const out = new Float64Array(a.length);
+  for (let i = 0; i < a.length; i++) out[i] = a[i] + b[i];
+  return out;
+}
 
 // ---- section: attention (rope_kv, attention, attention_decode) ----
 
+/** Tokens per paged-KV block (docs/internals.md, "Paged KV cache"). */
+const KV_BLOCK_REF = 16;
+
+/** Options for {@linkcode ropeRef}. */
+export interface RopeRefOptions {
+  /** `[T]` absolute position of each row. */
+  pos: ArrayLike<number>;
+  /** `[headDim / 2]` inverse frequencies, as the GPU holds them (f32). */
+  invFreq: ArrayLike<number>;
+  heads: number;
+  headDim: number;
+}
+
+/**
+ * Hugging Face rotate-half RoPE on `x [T, heads, headDim]` → float64 `[T, heads, headDim]`:
+ * for `i < D/2`, `x'[i] = x[i]·cos − x[i+D/2]·sin`, `x'[i+D/2] = x[i+D/2]·cos + x[i]·sin`.
+ * The angle is `pos · invFreq[i]` rounded to float32, as HF computes it; cos, sin and the
+ * rotation are float64.
+ */
+export function ropeRef(x: ArrayLike<number>, opts: RopeRefOptions): Float64Array {
+  const { pos, invFreq, heads, headDim: D } = opts;
+  const half = D / 2;
+  const out = new Float64Array(pos.length * heads * D);
+  for (let t = 0; t < pos.length; t++) {
+    for (let i = 0; i < half; i++) {
+      const angle = Math.fround(pos[t] * Math.fround(invFreq[i]));
+      const c = Math.cos(angle), s = Math.sin(angle);
+      for (let h = 0; h < heads; h++) {
+        const o = (t * heads + h) * D + i;
+        const x0 = x[o], x1 = x[o + half];
+        out[o] = x0 * c - x1 * s;
+        out[o + half] = x1 * c + x0 * s;
+      }
+    }
+  }
+  return out;
+}
+
+/** Options for {@linkcode ropeKvRef}. */
+export interface RopeKvRefOptions {
+  /** `[T]` absolute position of each token. */
+  pos: ArrayLike<number>;
+  /** `[headDim / 2]` inverse frequencies (f32 values). */
+  invFreq: ArrayLike<number>;
+  nHeads: number;
+  nKvHeads: number;
+  headDim: number;
+}
+
+/** What rope_kv produces: rotated q, and the rotated k and plain v it writes to the cache. */
+export interface RopeKvRef {
+  /** `[T, nHeads, headDim]` */
+  q: Float64Array;
+  /** `[T, nKvHeads, headDim]` */
+  k: Float64Array;
+  /** `[T, nKvHeads, headDim]` */
+  v: Float64Array;
+}
+
+/** Splits a fused `qkv [T, (Hq + 2·Hkv)·D]` and applies {@linkcode ropeRef} to q and k. */
+export function ropeKvRef(qkv: ArrayLike<number>, opts: RopeKvRefOptions): RopeKvRef {
+  const { pos, invFreq, nHeads, nKvHeads, headDim: D } = opts;
+  const T = pos.length, width = (nHeads + 2 * nKvHeads) * D;
+  const take = (from: number, heads: number) => {
+    const out = new Float64Array(T * heads * D);
+    for (let t = 0; t < T; t++) {
+      for (let e = 0; e < heads * D; e++) out[t * heads * D + e] = qkv[t * width + from + e];
+    }
+    return out;
+  };
+  return {
+    q: ropeRef(take(0, nHeads), { pos, invFreq, heads: nHeads, headDim: D }),
+    k: ropeRef(take(nHeads * D, nKvHeads), { pos, invFreq, heads: nKvHeads, headDim: D }),
+    v: take((nHeads + nKvHeads) * D, nKvHeads),
+  };
+}
+
+/** Options for {@linkcode attentionRef}. */
+export interface AttentionRefOptions {
+  /** `[L, nKvHeads, headDim]` keys of the sequence by position. */
+  k: ArrayLike<number>;
+  /** `[L, nKvHeads, headDim]` values of the sequence by position. */
+  v: ArrayLike<number>;
+  /** `[Tq]` position of each query: query i attends keys `0..qPos[i]` (causal). */
+  qPos: ArrayLike<number>;
+  nHeads: number;
+  nKvHeads: number;
+  headDim: number;
+  /** Score scale (default `1 / sqrt(headDim)`). */
+  scale?: number;
+}
+
+/**
+ * Causal softmax attention of `q [Tq, nHeads, headDim]` over one sequence's K/V → float64
+ * `[Tq, nHeads, headDim]`. GQA: q head h reads kv head `h / (nHeads / nKvHeads)`.
+ */
+export function attentionRef(q: ArrayLike<number>, opts: AttentionRefOptions): Float64Array {
+  const { k, v, qPos, nHeads, nKvHeads, headDim: D } = opts;
+  const scale = opts.scale ?? 1 / Math.sqrt(D);
+  const group = nHeads / nKvHeads;
+  const out = new Float64Array(qPos.length * nHeads * D);
+  for (let t = 0; t < qPos.length; t++) {
+    const n = qPos[t] + 1;
+    const s = new Float64Array(n);
+    for (let h = 0; h < nHeads; h++) {
+      const kvh = Math.floor(h / group), qo = (t * nHeads + h) * D;
+      let max = -Infinity;
+      for (let j = 0; j < n; j++) {
+        const ko = (j * nKvHeads + kvh) * D;
+        let dot = 0;
+        for (let d = 0; d < D; d++) dot += q[qo + d] * k[ko + d];
+        s[j] = dot * scale;
+        max = Math.max(max, s[j]);
+      }
+      let sum = 0;
+      for (let j = 0; j < n; j++) sum += s[j] = Math.exp(s[j] - max);
+      for (let j = 0; j < n; j++) {
+        const vo = (j * nKvHeads + kvh) * D, p = s[j] / sum;
+        for (let d = 0; d < D; d++) out[qo + d] += p * v[vo + d];
+      }
+    }
+  }
+  return out;
+}
+
+/** Options for {@linkcode pagedCacheRef}. */
+export interface PagedCacheRefOptions {
+  /** Tokens each batch slot holds: positions `0..len-1` get random K/V in [-1, 1). */
+  seqLens: number[];
+  /** Tokens each slot has blocks for (default `seqLens`); unwritten positions are NaN. */
+  capacity?: number[];
+  nLayers: number;
+  nKvHeads: number;
+  headDim: number;
+  /** Block-table row length (logical blocks per slot). */
+  maxBlocks: number;
+}
+
+/** A paged KV cache as the GPU holds it, plus its shape. */
+export interface PagedCacheRef {
+  /** `f32 [numBlocks, nLayers, nKvHeads, 16, headDim]` */
+  kPool: Float32Array;
+  vPool: Float32Array;
+  /** `u32 [S, maxBlocks]`; unmapped entries point at block 0, which is all NaN (a poison). */
+  blockTable: Uint32Array;
+  numBlocks: number;
+  nLayers: number;
+  nKvHeads: number;
+  headDim: number;
+  maxBlocks: number;
+}
+
+/**
+ * Builds a random paged cache: each slot's logical blocks land on shuffled physical blocks (so a
+ * kernel that ignores the table fails), everything not holding a valid token is NaN (so a kernel
+ * that reads past a sequence's length, or through an unmapped table entry, fails).
+ *
+ * @param next uniform [0, 1) generator (seeded: tests/util.ts `rng(seed).next`)
+ */
+export function pagedCacheRef(next: () => number, opts: PagedCacheRefOptions): PagedCacheRef {
+  const { seqLens, nLayers, nKvHeads, headDim: D, maxBlocks } = opts;
+  const capacity = opts.capacity ?? seqLens;
+  const need = capacity.map((c, s) => Math.ceil(Math.max(c, seqLens[s]) / KV_BLOCK_REF));
+  const numBlocks = 1 + need.reduce((a, b) => a + b, 0);
+  const ids = Array.from({ length: numBlocks - 1 }, (_, i) => i + 1);
+  for (let i = ids.length - 1; i > 0; i--) {
+    const j = Math.floor(next() * (i + 1));
+    [ids[i], ids[j]] = [ids[j], ids[i]];
+  }
+  const blockTable = new Uint32Array(seqLens.length * maxBlocks);
+  const blockElems = nLayers * nKvHeads * KV_BLOCK_REF * D;
+  const kPool = new Float32Array(numBlocks * blockElems).fill(NaN);
+  const vPool = new Float32Array(numBlocks * blockElems).fill(NaN);
+  const cache = { kPool, vPool, blockTable, numBlocks, nLayers, nKvHeads, headDim: D, maxBlocks };
+  let used = 0;
+  seqLens.forEach((len, s) => {
+    if (need[s] > maxBlocks) throw new Error(`slot ${s} needs ${need[s]} > ${maxBlocks} blocks`);
+    for (let b = 0; b < need[s]; b++) blockTable[s * maxBlocks + b] = ids[used++];
+    for (let l = 0; l < nLayers; l++) {
+      for (let p = 0; p < len; p++) {
+        for (let h = 0; h < nKvHeads; h++) {
+          const o = pagedOffsetRef(cache, { slot: s, layer: l, pos: p, head: h });
+          for (let d = 0; d < D; d++) {
+            kPool[o + d] = next() * 2 - 1;
+            vPool[o + d] = next() * 2 - 1;
+          }
+        }
+      }
+    }
+  });
+  return cache;
+}
+
+/** Where a token's head lives in the pools. */
+export interface PagedPlace {
+  slot: number;
+  layer: number;
+  pos: number;
+  head: number;
+}
+
+/** Element offset of `(slot, layer, pos, kv head, d = 0)` in `kPool` / `vPool`. */
+export function pagedOffsetRef(cache: PagedCacheRef, at: PagedPlace): number {
+  const { nLayers, nKvHeads, headDim, maxBlocks } = cache;
+  const b = cache.blockTable[at.slot * maxBlocks + Math.floor(at.pos / KV_BLOCK_REF)];
+  const slotInBlock = at.pos % KV_BLOCK_REF;
+  return (((b * nLayers + at.layer) * nKvHeads + at.head) * KV_BLOCK_REF + slotInBlock) * headDim;
+}
+
+/**
+ * Gathers positions `0..len-1` of one slot and layer through the block table → float64 K and V
+ * `[len, nKvHeads, headDim]` (the layout {@linkcode attentionRef} takes).
+ */
+export function pagedKvRef(
+  cache: PagedCacheRef,
+  at: { slot: number; layer: number; len: number },
+): { k: Float64Array; v: Float64Array } {
+  const { nKvHeads: H, headDim: D } = cache;
+  const k = new Float64Array(at.len * H * D), v = new Float64Array(at.len * H * D);
+  for (let p = 0; p < at.len; p++) {
+    for (let h = 0; h < H; h++) {
+      const o = pagedOffsetRef(cache, { slot: at.slot, layer: at.layer, pos: p, head: h });
+      for (let d = 0; d < D; d++) {
+        k[(p * H + h) * D + d] = cache.kPool[o + d];
+        v[(p * H + h) * D + d] = cache.vPool[o + d];
+      }
+    }
+  }
+  return { k, v };
+}
+
 // ---- section: logits and sampling ----
+// Sampling order (kernels/sample.wgsl does the same, in f32):
+//   1. penalties on the raw logits, per token with count n (generated) and seen (prompt or output):
+//      repetition (HF): if seen, l > 0 ? l / rp : l * rp; presence: l -= pp if n > 0;
+//      frequency: l -= fp * n.
+//   2. temperature == 0: the argmax of the penalised logits (ties: lowest id). Otherwise
+//      w_i = exp((l_i - max l) / T), and tokens are ordered by (penalised logit desc, id asc);
+//      every filter keeps a prefix of that order:
+//   3. top-k (k > 0 and k < V): the first k.
+//   4. top-p (< 1): the shortest prefix whose mass is >= top_p of the mass left by top-k
+//      (top_p <= 0 keeps one token).
+//   5. min-p (> 0): of those, tokens with p >= min(min_p, 1) * p_max, i.e. w >= min_p.
+//   6. renormalise; u = philoxUniform(seed, position); the token is the first id, scanning ids in
+//      ascending order over the kept set, whose cumulative weight exceeds u * S (S = kept mass).
+//      If rounding leaves none, the last kept id with positive weight.
+//   The reported logprob is logit[tok] - logsumexp(raw logits): unpenalised, untempered.
+import { philoxUniform } from "../engine/philox.ts";
+import type { SamplerSettings } from "./sample.ts";
+
+/** Per-row max, log-sum-exp and argmax (ties: lowest index) of `logits[rows, vocab]`. */
+export function logitsStatsRef(
+  logits: ArrayLike<number>,
+  shape: { rows: number; vocab: number },
+): { max: Float64Array; lse: Float64Array; argmax: Uint32Array } {
+  const { rows, vocab } = shape;
+  const max = new Float64Array(rows), lse = new Float64Array(rows);
+  const argmax = new Uint32Array(rows);
+  for (let r = 0; r < rows; r++) {
+    let m = -Infinity, a = 0;
+    for (let i = 0; i < vocab; i++) {
+      const x = logits[r * vocab + i];
+      if (x > m) [m, a] = [x, i];
+    }
+    let s = 0;
+    for (let i = 0; i < vocab; i++) s += Math.exp(logits[r * vocab + i] - m);
+    [max[r], lse[r], argmax[r]] = [m, m + Math.log(s), a];
+  }
+  return { max, lse, argmax };
+}
+
+/**
+ * The `k` most likely tokens of each row, sorted by logit descending, ties by lower id, with
+ * logprob = logit - lse. Entries past the vocabulary get id 0xffffffff and logprob -Infinity.
+ */
+export function topKRef(
+  logits: ArrayLike<number>,
+  shape: { rows: number; vocab: number; k: number },
+): { ids: Uint32Array; logprobs: Float64Array } {
+  const { rows, vocab, k } = shape;
+  const { lse } = logitsStatsRef(logits, shape);
+  const ids = new Uint32Array(rows * k).fill(0xffffffff);
+  const logprobs = new Float64Array(rows * k).fill(-Infinity);
+  for (let r = 0; r < rows; r++) {
+    const row = Array.from({ length: vocab }, (_, i) => logits[r * vocab + i]);
+    const order = sortedOrder(row).slice(0, k);
+    order.forEach((id, j) => {
+      ids[r * k + j] = id;
+      logprobs[r * k + j] = row[id] - lse[r];
+    });
+  }
+  return { ids, logprobs };
+}
+
+/** Token ids ordered by value descending, ties by lower id (-0 and +0 tie). */
+function sortedOrder(values: ArrayLike<number>): number[] {
+  const ids = Array.from({ length: values.length }, (_, i) => i);
+  return ids.sort((a, b) => values[b] - values[a] || a - b);
+}
+
+/**
+ * The penalised logits of one row (step 1 above). `counts[i]`: bits 0..29 = times token i was
+ * generated, bit 31 = token seen in the prompt or output.
+ */
+export function penaliseRef(
+  logits: ArrayLike<number>,
+  settings: SamplerSettings,
+  counts?: ArrayLike<number>,
+): Float64Array {
+  const out = Float64Array.from(logits);
+  if (!counts) return out;
+  const rp = settings.repetitionPenalty;
+  for (let i = 0; i < out.length; i++) {
+    const n = counts[i] & 0x3fffffff;
+    if ((counts[i] >>> 31) === 1 || n > 0) out[i] = out[i] > 0 ? out[i] / rp : out[i] * rp;
+    if (n > 0) out[i] -= settings.presencePenalty + settings.frequencyPenalty * n;
+  }
+  return out;
+}
+
+/** Kept weights (0 for filtered tokens) of one row after steps 1-5. */
+function keptWeights(
+  logits: ArrayLike<number>,
+  settings: SamplerSettings,
+  counts?: ArrayLike<number>,
+): Float64Array {
+  const pen = penaliseRef(logits, settings, counts);
+  const V = pen.length, T = settings.temperature;
+  const w = new Float64Array(V);
+  const order = sortedOrder(pen);
+  if (!(T > 0)) {
+    w[order[0]] = 1;
+    return w;
+  }
+  const top = pen[order[0]];
+  const all = pen.map((x) => Math.exp((x - top) / T));
+  let n = settings.topK > 0 && settings.topK < V ? settings.topK : V;
+  if (settings.topP < 1) {
+    if (settings.topP <= 0) n = 1;
+    else {
+      let mass = 0, cum = 0;
+      for (let j = 0; j < n; j++) mass += all[order[j]];
+      for (let j = 0; j < n; j++) {
+        cum += all[order[j]];
+        if (cum >= settings.topP * mass) {
+          n = j + 1;
+          break;
+        }
+      }
+    }
+  }
+  const minP = Math.min(settings.minP, 1);
+  for (let j = 0; j < n; j++) {
+    const id = order[j];
+    if (all[id] >= minP) w[id] = all[id];
+  }
+  return w;
+}
+
+/** The distribution one row is sampled from (steps 1-5, renormalised): probabilities over V. */
+export function sampleDistRef(
+  logits: ArrayLike<number>,
+  settings: SamplerSettings & { counts?: ArrayLike<number> },
+): Float64Array {
+  const w = keptWeights(logits, settings, settings.counts);
+  const s = w.reduce((a, b) => a + b, 0);
+  return w.map((x) => x / s);
+}
+
+/** Options for {@linkcode sampleRef}: the settings plus the request seed and token position. */
+export interface SampleRefOptions extends SamplerSettings {
+  seed: bigint;
+  /** Absolute sequence position of the token being sampled. */
+  position: number;
+  counts?: ArrayLike<number>;
+}
+
+/**
+ * The token sample.wgsl picks for one row (step 6), and its logprob under the raw logits.
+ *
+ * @example sampleRef(row, { ...settings, seed: 42n, position: 17 }) // { token, logprob }
+ */
+export function sampleRef(
+  logits: ArrayLike<number>,
+  opts: SampleRefOptions,
+): { token: number; logprob: number } {
+  const w = keptWeights(logits, opts, opts.counts);
+  const s = w.reduce((a, b) => a + b, 0);
+  const target = philoxUniform(opts.seed, opts.position) * s;
+  let cum = 0, token = -1, last = 0;
+  for (let i = 0; i < w.length && token < 0; i++) {
+    if (w[i] > 0) {
+      cum += w[i];
+      last = i;
+      if (cum > target) token = i;
+    }
+  }
+  if (token < 0) token = last;
+  const { lse } = logitsStatsRef(logits, { rows: 1, vocab: logits.length });
+  return { token, logprob: logits[token] - lse[0] };
+}

@@ -1,0 +1,368 @@
+/**
+ * rope_kv, attention (prefill) and attention_decode against the float64 references, on seeded
+ * random paged caches with shuffled physical blocks and NaN wherever no valid token lives.
+ */
+import assert from "node:assert/strict";
+import { createStorage, type Gpu, readF32 } from "../engine/gpu.ts";
+import { attentionDispatch, attentionTile } from "../kernels/attention.ts";
+import {
+  attentionDecodeDispatches,
+  attentionDecodeScratchBytes,
+} from "../kernels/attention_decode.ts";
+import { type Dispatch, run } from "../kernels/dispatch.ts";
+import {
+  attentionRef,
+  type PagedCacheRef,
+  pagedCacheRef,
+  pagedKvRef,
+  pagedOffsetRef,
+  ropeKvRef,
+} from "../kernels/reference.ts";
+import { ropeKvDispatch } from "../kernels/rope_kv.ts";
+import { assertClose, rng, testGpu } from "./util.ts";
+
+/** Llama-style inverse frequencies, as f32. */
+function invFreqs(headDim: number, base = 10000): Float32Array {
+  return Float32Array.from({ length: headDim / 2 }, (_, i) => base ** (-(2 * i) / headDim));
+}
+
+/** The cache's pools and table on the GPU. */
+function uploadCache(gpu: Gpu, c: PagedCacheRef) {
+  return {
+    kPool: createStorage(gpu, c.kPool.byteLength, c.kPool),
+    vPool: createStorage(gpu, c.vPool.byteLength, c.vPool),
+    blockTable: createStorage(gpu, c.blockTable.byteLength, c.blockTable),
+  };
+}
+
+const f32 = (gpu: Gpu, a: ArrayLike<number>) => {
+  const x = Float32Array.from(a);
+  return createStorage(gpu, x.byteLength, x);
+};
+const u32 = (gpu: Gpu, a: ArrayLike<number>) => {
+  const x = Uint32Array.from(a);
+  return createStorage(gpu, x.byteLength, x);
+};
+
+/** Pools compare: NaN (never written) must stay NaN, everything else within tolerance. */
+function assertPool(label: string, got: Float32Array, want: Float32Array) {
+  const g: number[] = [], w: number[] = [];
+  let nanBad = 0;
+  for (let i = 0; i < want.length; i++) {
+    if (Number.isNaN(want[i])) {
+      if (!Number.isNaN(got[i])) nanBad++;
+    } else {
+      g.push(got[i]);
+      w.push(want[i]);
+    }
+  }
+  assertClose(label, g, w);
+  assert.equal(nanBad, 0, `${label}: ${nanBad} elements written that should be untouched`);
+}
+
+interface RopeCase {
+  nHeads: number;
+  nKvHeads: number;
+  headDim: number;
+  /** (slot, position) of each token; positions ≥ 16·maxBlocks test the no-write guard. */
+  toks: [number, number][];
+}
+
+for (
+  const c of [
+    { nHeads: 8, nKvHeads: 2, headDim: 64, toks: [[0, 5], [2, 16], [1, 0], [0, 6], [2, 17]] },
+    { nHeads: 4, nKvHeads: 1, headDim: 24, toks: [[1, 31], [0, 100003], [1, 32], [0, 262143]] },
+    { nHeads: 2, nKvHeads: 2, headDim: 128, toks: [[0, 47], [0, 15], [1, 4097]] },
+  ] as RopeCase[]
+) {
+  const { nHeads, nKvHeads, headDim: D } = c;
+  Deno.test(`rope_kv ${nHeads}/${nKvHeads}x${D} T=${c.toks.length}`, async () => {
+    const gpu = await testGpu();
+    const r = rng(11 + D);
+    const nLayers = 3, layer = 1, maxBlocks = 4;
+    const cache = pagedCacheRef(r.next, {
+      seqLens: [3, 20, 17],
+      capacity: [64, 64, 64],
+      nLayers,
+      nKvHeads,
+      headDim: D,
+      maxBlocks,
+    });
+    const T = c.toks.length, width = (nHeads + 2 * nKvHeads) * D;
+    const qkv = r.uniform(T * width, 2);
+    const pos = c.toks.map(([, p]) => p), tokSeq = c.toks.map(([s]) => s);
+    const invFreq = invFreqs(D);
+    const gc = uploadCache(gpu, cache);
+    const q = createStorage(gpu, T * nHeads * D * 4);
+    await run(gpu, [
+      ropeKvDispatch(gpu, {
+        qkv: f32(gpu, qkv),
+        q,
+        ...gc,
+        pos: u32(gpu, pos),
+        tokSeq: u32(gpu, tokSeq),
+        invFreq: f32(gpu, invFreq),
+      }, { tokens: T, nHeads, nKvHeads, headDim: D, layer, nLayers, maxBlocks }),
+    ]);
+    const want = ropeKvRef(Float32Array.from(qkv), { pos, invFreq, nHeads, nKvHeads, headDim: D });
+    assertClose("rope q", await readF32(gpu, q, T * nHeads * D), want.q);
+    const kWant = cache.kPool.slice(), vWant = cache.vPool.slice();
+    c.toks.forEach(([slot, p], t) => {
+      if (p >= 16 * maxBlocks) return;
+      for (let h = 0; h < nKvHeads; h++) {
+        const o = pagedOffsetRef(cache, { slot, layer, pos: p, head: h });
+        for (let d = 0; d < D; d++) {
+          kWant[o + d] = want.k[(t * nKvHeads + h) * D + d];
+          vWant[o + d] = want.v[(t * nKvHeads + h) * D + d];
+        }
+      }
+    });
+    assertPool("rope k pool", await readF32(gpu, gc.kPool, kWant.length), kWant);
+    assertPool("rope v pool", await readF32(gpu, gc.vPool, vWant.length), vWant);
+  });
+}
+
+interface PrefillCase {
+  nHeads: number;
+  nKvHeads: number;
+  headDim: number;
+  tokens: number;
+  pos0: number;
+  scale?: number;
+  tokenOffset?: number;
+}
+
+for (
+  const c of [
+    { nHeads: 8, nKvHeads: 2, headDim: 64, tokens: 40, pos0: 0 },
+    { nHeads: 8, nKvHeads: 2, headDim: 64, tokens: 1, pos0: 0 },
+    { nHeads: 4, nKvHeads: 1, headDim: 128, tokens: 7, pos0: 21, tokenOffset: 3 },
+    { nHeads: 3, nKvHeads: 3, headDim: 24, tokens: 1, pos0: 37, scale: 0.3 },
+    { nHeads: 3, nKvHeads: 3, headDim: 128, tokens: 19, pos0: 16 },
+    { nHeads: 4, nKvHeads: 2, headDim: 64, tokens: 520, pos0: 13 },
+  ] as PrefillCase[]
+) {
+  const { nHeads, nKvHeads, headDim: D, tokens: T, pos0 } = c;
+  const name = `attention prefill ${nHeads}/${nKvHeads}x${D} T=${T} pos0=${pos0}`;
+  Deno.test(name + (c.tokenOffset ? ` offset ${c.tokenOffset}` : ""), async () => {
+    const gpu = await testGpu();
+    const r = rng(7 * T + D);
+    const nLayers = 2, layer = 1, slot = 1, len = pos0 + T;
+    const maxBlocks = Math.ceil(len / 16) + 1;
+    const cache = pagedCacheRef(r.next, {
+      seqLens: [9, len, 30],
+      nLayers,
+      nKvHeads,
+      headDim: D,
+      maxBlocks,
+    });
+    const row0 = c.tokenOffset ?? 0, rows = row0 + T;
+    // Peaky softmax (|scores| of several units), so the max and rescaling really matter.
+    const q = Float32Array.from(r.uniform(rows * nHeads * D, 3));
+    const gc = uploadCache(gpu, cache);
+    const out = createStorage(gpu, rows * nHeads * D * 4);
+    const opts = { tokens: T, slot, pos0, nHeads, nKvHeads, headDim: D, layer, nLayers, maxBlocks };
+    const d = attentionDispatch(gpu, { q: f32(gpu, q), ...gc, out }, {
+      ...opts,
+      scale: c.scale,
+      tokenOffset: c.tokenOffset,
+    });
+    await run(gpu, [d]);
+    const qPos = Array.from({ length: T }, (_, i) => pos0 + i);
+    const want = attentionRef(q.subarray(row0 * nHeads * D), {
+      ...pagedKvRef(cache, { slot, layer, len }),
+      qPos,
+      nHeads,
+      nKvHeads,
+      headDim: D,
+      scale: c.scale,
+    });
+    const got = await readF32(gpu, out, T * nHeads * D, row0 * nHeads * D * 4);
+    assertClose(`${d.label} wg ${d.workgroups}`, got, want);
+  });
+}
+
+interface DecodeCase {
+  nHeads: number;
+  nKvHeads: number;
+  headDim: number;
+  seqLens: number[];
+  maxContext: number;
+  splitSize?: number;
+  ownScratch?: boolean;
+}
+
+for (
+  const c of [
+    {
+      nHeads: 8,
+      nKvHeads: 2,
+      headDim: 64,
+      seqLens: [1, 17, 130, 0],
+      maxContext: 160,
+      splitSize: 32,
+    },
+    { nHeads: 4, nKvHeads: 4, headDim: 128, seqLens: [130, 1, 17], maxContext: 200 },
+    // maxContext 40 with splits of 16: the 50-token slot runs past it (the last split takes it).
+    {
+      nHeads: 4,
+      nKvHeads: 1,
+      headDim: 24,
+      seqLens: [33, 5, 50],
+      maxContext: 40,
+      splitSize: 16,
+      ownScratch: true,
+    },
+  ] as DecodeCase[]
+) {
+  const { nHeads, nKvHeads, headDim: D, seqLens } = c;
+  const S = seqLens.length;
+  Deno.test(`attention decode ${nHeads}/${nKvHeads}x${D} lens ${seqLens}`, async () => {
+    const gpu = await testGpu();
+    const r = rng(5 + D);
+    const nLayers = 2, layer = 0;
+    const maxBlocks = Math.ceil(Math.max(...seqLens) / 16) + 1;
+    const cache = pagedCacheRef(r.next, { seqLens, nLayers, nKvHeads, headDim: D, maxBlocks });
+    const q = Float32Array.from(r.uniform(S * nHeads * D, 3));
+    const gc = uploadCache(gpu, cache);
+    // Prefilled with NaN: the seqLen-0 slot must come out as zeros, not stale values.
+    const out = createStorage(gpu, S * nHeads * D * 4, new Float32Array(S * nHeads * D).fill(NaN));
+    const shape = {
+      seqs: S,
+      nHeads,
+      nKvHeads,
+      headDim: D,
+      layer,
+      nLayers,
+      maxBlocks,
+      maxContext: c.maxContext,
+      splitSize: c.splitSize,
+    };
+    const scratch = c.ownScratch
+      ? createStorage(gpu, attentionDecodeScratchBytes(shape))
+      : undefined;
+    const ds = attentionDecodeDispatches(gpu, {
+      q: f32(gpu, q),
+      ...gc,
+      seqLen: u32(gpu, seqLens),
+      out,
+      scratch,
+    }, shape);
+    await run(gpu, ds);
+    const got = await readF32(gpu, out, S * nHeads * D);
+    for (let s = 0; s < S; s++) {
+      const n = nHeads * D, len = seqLens[s];
+      const want = len === 0 ? new Float64Array(n) : attentionRef(q.subarray(s * n, (s + 1) * n), {
+        ...pagedKvRef(cache, { slot: s, layer, len }),
+        qPos: [len - 1],
+        nHeads,
+        nKvHeads,
+        headDim: D,
+      });
+      assertClose(`${ds[0].label} slot ${s} len ${len}`, got.subarray(s * n, (s + 1) * n), want);
+    }
+  });
+}
+
+Deno.test("rope_kv -> prefill attention -> decode attention, end to end", async () => {
+  const gpu = await testGpu();
+  const r = rng(2024);
+  const nHeads = 8, nKvHeads = 2, D = 64, nLayers = 2, layer = 1, maxBlocks = 4;
+  const width = (nHeads + 2 * nKvHeads) * D;
+  const heads = { nHeads, nKvHeads, headDim: D, layer, nLayers, maxBlocks };
+  // Slot 0 has 10 cached tokens and prefills 20 more; slot 1 has 33 cached.
+  const cache = pagedCacheRef(r.next, {
+    seqLens: [10, 33],
+    capacity: [31, 34],
+    nLayers,
+    nKvHeads,
+    headDim: D,
+    maxBlocks,
+  });
+  const gc = uploadCache(gpu, cache);
+  const invFreq = invFreqs(D, 500000);
+  const gInv = f32(gpu, invFreq);
+  const T = 20, pos0 = 10;
+  const qkv = Float32Array.from(r.uniform(T * width, 2));
+  const q = createStorage(gpu, T * nHeads * D * 4), out = createStorage(gpu, T * nHeads * D * 4);
+  const pos = Array.from({ length: T }, (_, i) => pos0 + i);
+  const step: Dispatch[] = [
+    ropeKvDispatch(gpu, {
+      qkv: f32(gpu, qkv),
+      q,
+      ...gc,
+      pos: u32(gpu, pos),
+      tokSeq: u32(gpu, new Array(T).fill(0)),
+      invFreq: gInv,
+    }, { tokens: T, ...heads }),
+    attentionDispatch(gpu, { q, ...gc, out }, { tokens: T, slot: 0, pos0, ...heads }),
+  ];
+  // Then one decode step: slot 0 at position 30, slot 1 at position 33.
+  const dq = Float32Array.from(r.uniform(2 * width, 2));
+  const dPos = [30, 33];
+  const qd = createStorage(gpu, 2 * nHeads * D * 4), od = createStorage(gpu, 2 * nHeads * D * 4);
+  step.push(ropeKvDispatch(gpu, {
+    qkv: f32(gpu, dq),
+    q: qd,
+    ...gc,
+    pos: u32(gpu, dPos),
+    tokSeq: u32(gpu, [0, 1]),
+    invFreq: gInv,
+  }, { tokens: 2, ...heads }));
+  step.push(...attentionDecodeDispatches(gpu, {
+    q: qd,
+    ...gc,
+    seqLen: u32(gpu, [31, 34]),
+    out: od,
+  }, { seqs: 2, ...heads, maxContext: 64, splitSize: 16 }));
+  await run(gpu, step);
+
+  // Reference: the cache with the new k/v written in, then attention over it.
+  const kvOf = (
+    slot: number,
+    len: number,
+    news: [number, number, Float64Array, Float64Array][],
+  ) => {
+    const kv = pagedKvRef(cache, { slot, layer, len });
+    for (const [row, p, k, v] of news) {
+      kv.k.set(k.subarray(row * nKvHeads * D, (row + 1) * nKvHeads * D), p * nKvHeads * D);
+      kv.v.set(v.subarray(row * nKvHeads * D, (row + 1) * nKvHeads * D), p * nKvHeads * D);
+    }
+    return kv;
+  };
+  const pre = ropeKvRef(qkv, { pos, invFreq, nHeads, nKvHeads, headDim: D });
+  const dec = ropeKvRef(dq, { pos: dPos, invFreq, nHeads, nKvHeads, headDim: D });
+  const prefillNews = pos.map((p, t) =>
+    [t, p, pre.k, pre.v] as [number, number, Float64Array, Float64Array]
+  );
+  const kv0 = kvOf(0, 31, [...prefillNews, [0, 30, dec.k, dec.v]]);
+  const kv1 = kvOf(1, 34, [[1, 33, dec.k, dec.v]]);
+  const sh = { nHeads, nKvHeads, headDim: D };
+  assertClose(
+    "e2e prefill",
+    await readF32(gpu, out, T * nHeads * D),
+    attentionRef(pre.q, { ...kv0, qPos: pos, ...sh }),
+  );
+  const n = nHeads * D;
+  const got = await readF32(gpu, od, 2 * n);
+  assertClose(
+    "e2e decode slot 0",
+    got.subarray(0, n),
+    attentionRef(dec.q.subarray(0, n), { ...kv0, qPos: [30], ...sh }),
+  );
+  assertClose(
+    "e2e decode slot 1",
+    got.subarray(n),
+    attentionRef(dec.q.subarray(n), { ...kv1, qPos: [33], ...sh }),
+  );
+});
+
+Deno.test("attention tile fits the device and the accumulator budget", async () => {
+  const gpu = await testGpu();
+  for (const headDim of [24, 64, 128]) {
+    const t = attentionTile(gpu, { headDim, wantRows: 1024 });
+    console.log(`headDim ${headDim}: ${JSON.stringify(t)}`);
+    assert.ok(t.bytes <= gpu.maxWorkgroupStorage && t.wg % headDim === 0);
+    assert.ok(t.rows * headDim <= 32 * t.wg && t.rows <= t.wg);
+  }
+});

@@ -1,0 +1,477 @@
+/**
+ * The engine: loads a model folder onto the GPU and runs every request through one scheduler.
+ * Requests are admitted into batch slots (prefill), then advance together, K steps per GPU
+ * submission, with at most `maxInflight` submissions queued; the host reads the token ring once
+ * per submission and streams tokens to each request's iterator.
+ */
+import type {
+  EngineLike,
+  GenerateRequest,
+  Generation,
+  GenerationResult,
+  KvStats,
+  SessionInfo,
+} from "./api.ts";
+import { getGpu, type Gpu } from "./gpu.ts";
+import { loadModelFolder, type ModelFolder } from "./model_folder.ts";
+import { ropeInvFreq } from "./config.ts";
+import { TextTokenizer } from "./tokenizer.ts";
+import { uploadWeights } from "./weights.ts";
+import { blockBytes, Decoder } from "./forward.ts";
+import { BLOCK, BlockPool, SequenceBlocks } from "./kv.ts";
+import {
+  ContextLengthError,
+  EngineBusyError,
+  InvalidRequestError,
+  SessionBusyError,
+} from "./errors.ts";
+import { Sequence } from "./sequence.ts";
+import { encode } from "../kernels/dispatch.ts";
+import { packSampleParams, SAMPLE_PARAMS_BYTES } from "../kernels/sample.ts";
+
+/** Options for {@linkcode Engine.load}. */
+export interface EngineOptions {
+  /** Sequences decoding together (default 16). */
+  maxSlots?: number;
+  /** Requests waiting for a slot before new ones get EngineBusyError (default 64). */
+  maxQueued?: number;
+  /** Longest prompt + completion (default min(model max positions, 2048)). */
+  contextLength?: number;
+  /** Prefill chunk in tokens (default 256). */
+  maxChunk?: number;
+  /** Most decode steps per GPU submission (default 32). */
+  maxSteps?: number;
+  /** KV blocks (default: as many as fit in one binding, at most 4096). */
+  kvBlocks?: number;
+  gpu?: Gpu;
+}
+
+interface Submission {
+  id: number;
+  region: number;
+  steps: number;
+  /** Sequence in each slot when submitted (undefined: empty slot). */
+  slots: (Sequence | undefined)[];
+  staging: GPUBuffer;
+  top?: GPUBuffer;
+  done: Promise<void>;
+}
+
+const REGIONS = 8;
+const TOP_K = 20;
+
+/** A model on the GPU and the scheduler that serves it. */
+export class Engine implements EngineLike {
+  readonly modelId: string;
+  readonly adapterName: string;
+  readonly contextLength: number;
+  readonly pool: BlockPool;
+  #slots: (Sequence | undefined)[];
+  #waiting: Sequence[] = [];
+  #inflight: Submission[] = [];
+  #sessions = new Map<string, { info: SessionInfo; blocks: SequenceBlocks; busy: boolean }>();
+  #submitted = 0;
+  #region = 0;
+  #running = false;
+  #nextK = 1;
+
+  private constructor(
+    readonly gpu: Gpu,
+    readonly folder: ModelFolder,
+    readonly tokenizer: TextTokenizer,
+    readonly decoder: Decoder,
+    readonly opts: Required<Omit<EngineOptions, "gpu" | "kvBlocks">>,
+  ) {
+    this.modelId = folder.id;
+    this.adapterName = gpu.adapterName;
+    this.contextLength = opts.contextLength;
+    this.pool = new BlockPool(decoder.opts.numBlocks);
+    this.#slots = new Array(opts.maxSlots).fill(undefined);
+  }
+
+  /** Loads `dir` (an HF model folder) onto the GPU. */
+  static async load(dir: string, options: EngineOptions = {}): Promise<Engine> {
+    const gpu = options.gpu ?? await getGpu();
+    const folder = await loadModelFolder(dir);
+    const cfg = folder.config;
+    const tokenizer = TextTokenizer.load(folder);
+    const weights = await uploadWeights(gpu, folder, { invFreq: ropeInvFreq(cfg) });
+    const opts = {
+      maxSlots: options.maxSlots ?? 16,
+      maxQueued: options.maxQueued ?? 64,
+      // Within Mistral's sliding window full attention is exact, so cap the context there.
+      contextLength: Math.min(
+        options.contextLength ?? Math.min(cfg.maxPositions, 2048),
+        cfg.slidingWindow ?? Infinity,
+      ),
+      maxChunk: options.maxChunk ?? 256,
+      maxSteps: options.maxSteps ?? 32,
+    };
+    const perPool = Math.floor(gpu.maxBinding / blockBytes(cfg));
+    const numBlocks = Math.min(options.kvBlocks ?? 4096, perPool);
+    const need = Math.ceil(opts.contextLength / BLOCK) + 1;
+    if (numBlocks < need) {
+      throw new Error(
+        `KV pool of ${numBlocks} blocks cannot hold one ${opts.contextLength}-token sequence; ` +
+          `lower --context-length`,
+      );
+    }
+    const decoder = new Decoder(gpu, cfg, weights, {
+      maxSlots: opts.maxSlots,
+      maxChunk: opts.maxChunk,
+      contextLength: opts.contextLength,
+      numBlocks,
+      maxSteps: opts.maxSteps,
+      regions: REGIONS,
+      topK: TOP_K,
+    }, tokenizer.eosIds);
+    return new Engine(gpu, folder, tokenizer, decoder, opts);
+  }
+
+  encode(text: string): number[] {
+    return this.tokenizer.encode(text);
+  }
+
+  encodeChat(messages: { role: string; content: string }[]): number[] {
+    return this.tokenizer.encodeChat(messages);
+  }
+
+  decode(ids: number[]): string {
+    return this.tokenizer.decode(ids);
+  }
+
+  load() {
+    return {
+      running: this.#slots.filter(Boolean).length,
+      queued: this.#waiting.length,
+      maxRunning: this.opts.maxSlots,
+      maxQueued: this.opts.maxQueued,
+    };
+  }
+
+  kvStats(): KvStats {
+    return {
+      blockTokens: BLOCK,
+      gpu: { used: this.pool.usedCount, total: this.pool.blocks.length - 1 },
+      kv: { used: 0 },
+      fs: { used: 0 },
+    };
+  }
+
+  session(id: string): SessionInfo | undefined {
+    return this.#sessions.get(id)?.info;
+  }
+
+  deleteSession(id: string): Promise<boolean> {
+    const s = this.#sessions.get(id);
+    if (!s) return Promise.resolve(false);
+    if (s.busy) throw new SessionBusyError(id);
+    s.blocks.free();
+    this.#sessions.delete(id);
+    return Promise.resolve(true);
+  }
+
+  /**
+   * Starts a generation.
+   *
+   * @throws ContextLengthError, EngineBusyError, SessionBusyError, InvalidRequestError
+   */
+  generate(request: GenerateRequest): Generation {
+    const { promptIds, sampling } = request;
+    const V = this.decoder.cfg.vocabSize;
+    if (promptIds.length === 0) throw new InvalidRequestError("the prompt is empty", "prompt");
+    const bad = promptIds.find((t) => !Number.isInteger(t) || t < 0 || t >= V);
+    if (bad !== undefined) {
+      throw new InvalidRequestError(
+        `token id ${bad} is outside the vocabulary [0, ${V})`,
+        "prompt",
+      );
+    }
+    if (promptIds.length + sampling.maxTokens > this.contextLength) {
+      throw new ContextLengthError(promptIds.length, sampling.maxTokens, this.contextLength);
+    }
+    if (this.#waiting.length >= this.opts.maxQueued) {
+      throw new EngineBusyError(this.#waiting.length);
+    }
+    let blocks: SequenceBlocks;
+    let cached = 0;
+    const session = request.sessionId ? this.#sessions.get(request.sessionId) : undefined;
+    if (session?.busy) throw new SessionBusyError(request.sessionId!);
+    if (session) {
+      blocks = session.blocks;
+      let common = 0;
+      while (
+        common < blocks.computed && common < promptIds.length - 1 &&
+        blocks.tokens[common] === promptIds[common]
+      ) common++;
+      blocks.truncate(common);
+      cached = blocks.computed;
+      blocks.appendPrompt(promptIds.slice(blocks.tokens.length));
+      session.busy = true;
+    } else {
+      blocks = new SequenceBlocks(this.pool);
+      cached = blocks.appendPrompt(promptIds);
+      if (request.sessionId) {
+        const now = Date.now();
+        const info = { id: request.sessionId, tokens: 0, createdAt: now, updatedAt: now };
+        this.#sessions.set(request.sessionId, { info, blocks, busy: true });
+      }
+    }
+    const seq = new Sequence({
+      request,
+      blocks,
+      cached,
+      tokenizer: this.tokenizer,
+      cancel: (s) => this.#cancel(s),
+    });
+    this.#waiting.push(seq);
+    request.signal?.addEventListener("abort", () => seq.cancel(), { once: true });
+    this.#kick();
+    return seq.generation;
+  }
+
+  #kick(): void {
+    if (this.#running) return;
+    this.#running = true;
+    this.#loop().catch((e) => {
+      // A GPU or internal failure ends every request with the error; the engine stays usable.
+      for (const s of [...this.#waiting, ...this.#slots]) s?.fail(e);
+      this.#waiting = [];
+      this.#slots.fill(undefined);
+      this.#inflight = [];
+    }).finally(() => {
+      this.#running = false;
+      if (this.#waiting.length) this.#kick();
+    });
+  }
+
+  async #loop(): Promise<void> {
+    while (true) {
+      this.#admit();
+      const active = this.#slots.some((s) => s && !s.finished && !s.gpuFinished);
+      if (active && this.#inflight.length < 2) {
+        this.#submitDecode();
+        continue;
+      }
+      const oldest = this.#inflight.shift();
+      if (!oldest) break;
+      await oldest.done;
+      this.#process(oldest);
+    }
+  }
+
+  /** Moves waiting sequences into free slots when their blocks fit; submits their prefill. */
+  #admit(): void {
+    while (this.#waiting.length) {
+      const seq = this.#waiting[0];
+      if (seq.finished) {
+        this.#waiting.shift();
+        this.#release(seq);
+        continue;
+      }
+      const slot = this.#slots.findIndex((s) => s === undefined);
+      if (slot < 0) return;
+      const total = seq.blocks.tokens.length + seq.sampling.maxTokens;
+      const need = Math.ceil(total / BLOCK) - seq.blocks.table.length;
+      if (need > this.pool.freeCount) return;
+      this.#waiting.shift();
+      seq.blocks.reserve(total);
+      seq.slot = slot;
+      this.#slots[slot] = seq;
+      this.#prefill(seq);
+      this.#nextK = 1;
+    }
+  }
+
+  #prefill(seq: Sequence): void {
+    const d = this.decoder, q = this.gpu.device.queue, V = d.cfg.vocabSize, slot = seq.slot;
+    const table = new Uint32Array(d.maxBlocks); // last column stays 0: the trash block
+    table.set(seq.blocks.table.slice(0, d.maxBlocks - 1));
+    q.writeBuffer(d.blockTable, slot * d.maxBlocks * 4, table);
+    const counts = new Uint32Array(V);
+    for (const t of seq.blocks.tokens) counts[t] = 0x80000000;
+    q.writeBuffer(d.step.counts, slot * V * 4, counts);
+    q.writeBuffer(
+      d.params,
+      slot * SAMPLE_PARAMS_BYTES,
+      packSampleParams({ ...seq.sampling, seed: seq.seed }),
+    );
+    const stopAtEos = seq.sampling.stopAtEos === false ? 0 : 1;
+    q.writeBuffer(
+      d.step.slotState,
+      slot * 16,
+      Uint32Array.of(0, seq.sampling.maxTokens, stopAtEos, 0),
+    );
+    const ids = seq.blocks.tokens;
+    q.writeBuffer(d.step.seqLen, slot * 4, Uint32Array.of(ids.length));
+    const chunk = this.opts.maxChunk;
+    for (let p = seq.blocks.computed; p < ids.length; p += chunk) {
+      const part = ids.slice(p, Math.min(p + chunk, ids.length));
+      const last = p + part.length === ids.length;
+      d.writePrefill(part, slot, p);
+      const region = this.#nextRegion();
+      const dispatches = d.prefill(part.length, {
+        slot,
+        pos0: p,
+        last,
+        region,
+        withTop: seq.sampling.topLogprobs > 0,
+      });
+      const slots = new Array(this.opts.maxSlots).fill(undefined);
+      slots[slot] = seq;
+      this.#submit(dispatches, {
+        region,
+        steps: last ? 1 : 0,
+        slots,
+        top: seq.sampling.topLogprobs > 0,
+      });
+    }
+    seq.blocks.markComputed(ids.length);
+    seq.prefillSubmitted = true;
+  }
+
+  #submitDecode(): void {
+    const live = this.#slots.map((s) => (s && !s.finished && !s.gpuFinished ? s : undefined));
+    const S = live.findLastIndex(Boolean) + 1;
+    const remaining = Math.max(...live.map((s) => (s ? s.gpuRemaining : 0)));
+    const K = Math.max(1, Math.min(this.#nextK, this.opts.maxSteps, remaining));
+    this.#nextK = Math.min(this.opts.maxSteps, this.#nextK * 2);
+    const withTop = live.some((s) => s && s.sampling.topLogprobs > 0);
+    const region = this.#nextRegion();
+    const dispatches = [];
+    for (let k = 0; k < K; k++) dispatches.push(...this.decoder.decodeStep(S, region, k, withTop));
+    for (const s of live) if (s) s.stepsSubmitted += K;
+    this.#submit(dispatches, { region, steps: K, slots: live, top: withTop });
+  }
+
+  #nextRegion(): number {
+    return (this.#region = (this.#region + 1) % REGIONS);
+  }
+
+  #submit(
+    dispatches: Iterable<import("../kernels/dispatch.ts").Dispatch>,
+    o: { region: number; steps: number; slots: (Sequence | undefined)[]; top: boolean },
+  ): void {
+    const d = this.decoder, dev = this.gpu.device, S = this.opts.maxSlots;
+    const enc = dev.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    encode(pass, dispatches);
+    pass.end();
+    const bytes = Math.max(8, o.steps * S * 8);
+    const staging = dev.createBuffer({
+      size: bytes,
+      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+    });
+    if (o.steps) {
+      enc.copyBufferToBuffer(d.step.ring, d.ringOffset(o.region, 0) * 8, staging, 0, bytes);
+    }
+    let top: GPUBuffer | undefined;
+    if (o.top && o.steps) {
+      const stride = d.topStride();
+      top = dev.createBuffer({
+        size: o.steps * stride,
+        usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+      });
+      enc.copyBufferToBuffer(
+        d.topRing,
+        o.region * this.opts.maxSteps * stride,
+        top,
+        0,
+        o.steps * stride,
+      );
+    }
+    dev.queue.submit([enc.finish()]);
+    const done = Promise.all([
+      staging.mapAsync(GPUMapMode.READ),
+      top?.mapAsync(GPUMapMode.READ),
+    ]).then(() => {});
+    this.#inflight.push({
+      id: ++this.#submitted,
+      region: o.region,
+      steps: o.steps,
+      slots: o.slots,
+      staging,
+      top,
+      done,
+    });
+  }
+
+  /** Hands a finished submission's tokens to their sequences. */
+  #process(sub: Submission): void {
+    const S = this.opts.maxSlots;
+    const ring = new Uint32Array(sub.staging.getMappedRange().slice(0));
+    const ringF = new Float32Array(ring.buffer);
+    let top: { ids: Uint32Array; lps: Float32Array; stride: number } | undefined;
+    if (sub.top) {
+      const raw = sub.top.getMappedRange().slice(0);
+      top = {
+        ids: new Uint32Array(raw),
+        lps: new Float32Array(raw),
+        stride: this.decoder.topStride() / 4,
+      };
+    }
+    for (let k = 0; k < sub.steps; k++) {
+      sub.slots.forEach((seq, s) => {
+        if (!seq || seq.finished) return;
+        const i = (k * S + s) * 2;
+        const tok = ring[i];
+        if (tok === 0xffffffff) {
+          seq.gpuDone = true;
+          return;
+        }
+        let alts: { id: number; logprob: number }[] | undefined;
+        if (top && seq.sampling.topLogprobs > 0) {
+          const base = k * top.stride + s * TOP_K * 2;
+          alts = [];
+          for (let j = 0; j < seq.sampling.topLogprobs; j++) {
+            alts.push({ id: top.ids[base + 2 * j], logprob: top.lps[base + 2 * j + 1] });
+          }
+        }
+        seq.accept(tok, ringF[i + 1], alts);
+        if (seq.finished) this.#finish(seq);
+      });
+    }
+    sub.staging.unmap();
+    sub.staging.destroy();
+    sub.top?.unmap();
+    sub.top?.destroy();
+  }
+
+  #cancel(seq: Sequence): void {
+    if (seq.slot >= 0) this.#finish(seq);
+    else this.#kick();
+  }
+
+  /**
+   * Stops a sequence on the GPU and frees its slot and blocks at once. This is safe while
+   * submissions that still use them are in flight: queue order puts every later write (a new
+   * sequence's block table, state, KV) after those submissions' work.
+   */
+  #finish(seq: Sequence): void {
+    if (seq.slot < 0) return;
+    const q = this.gpu.device.queue;
+    q.writeBuffer(this.decoder.step.slotState, seq.slot * 16, Uint32Array.of(1, 0, 0, 0));
+    this.#slots[seq.slot] = undefined;
+    seq.slot = -1;
+    this.#release(seq);
+  }
+
+  /** Returns a finished sequence's blocks to the pool, or to its session. */
+  #release(seq: Sequence): void {
+    const id = seq.request.sessionId;
+    const session = id ? this.#sessions.get(id) : undefined;
+    if (!session) return seq.blocks.free();
+    // The session keeps prompt + accepted output; the last token's KV is not written yet.
+    const b = seq.blocks, tokens = seq.allTokens();
+    if (seq.prefillSubmitted) {
+      b.tokens.push(...tokens.slice(b.tokens.length));
+      b.markComputed(tokens.length - 1);
+    }
+    b.truncate(seq.prefillSubmitted ? tokens.length : b.computed);
+    session.busy = false;
+    session.info.tokens = b.computed;
+    session.info.updatedAt = Date.now();
+  }
+}
+
+export type { GenerationResult };

@@ -1,0 +1,366 @@
+/**
+ * The decoder's forward pass as GPU dispatches (llama2.c's `forward()`, one line per kernel).
+ * `Decoder` owns the weights, the paged KV pools, scratch and per-slot state buffers, and builds
+ * two kinds of work: a prefill of one sequence's new tokens, and a decode step that advances every
+ * running slot by one token entirely on the GPU (embedding reads the token the previous step
+ * sampled). Both end with sampling and `step_end`, which records tokens in the ring.
+ */
+import type { Gpu } from "./gpu.ts";
+import { createStorage } from "./gpu.ts";
+import type { ModelConfig } from "./config.ts";
+import type { ModelWeights } from "./weights.ts";
+import { BLOCK } from "./kv.ts";
+import { type Dispatch } from "../kernels/dispatch.ts";
+import { embeddingDispatch } from "../kernels/embedding.ts";
+import { rmsnormDispatch } from "../kernels/rmsnorm.ts";
+import { matmulDispatch } from "../kernels/matmul.ts";
+import { siluMulDispatch } from "../kernels/elementwise.ts";
+import { ropeKvDispatch } from "../kernels/rope_kv.ts";
+import { attentionDispatch } from "../kernels/attention.ts";
+import { attentionDecodeDispatches } from "../kernels/attention_decode.ts";
+import { sampleDispatch } from "../kernels/sample.ts";
+import { logitsStatsDispatch, topKDispatch } from "../kernels/logits.ts";
+import { type StepBuffers, stepDispatch } from "../kernels/step.ts";
+
+/** Sizes fixed when the decoder is created. */
+export interface DecoderOptions {
+  /** Batch slots (sequences decoding together). */
+  maxSlots: number;
+  /** Tokens per prefill chunk. */
+  maxChunk: number;
+  /** Longest sequence (prompt + generated). */
+  contextLength: number;
+  /** KV blocks in the pool (block 0 is the trash block). */
+  numBlocks: number;
+  /** Decode steps per submission at most. */
+  maxSteps: number;
+  /** Ring regions (submissions in flight + prefills). */
+  regions: number;
+  /** Alternatives kept per token for top_logprobs. */
+  topK: number;
+}
+
+/** Bytes one KV block takes in each of the K and V pools. */
+export function blockBytes(cfg: ModelConfig): number {
+  return cfg.nLayers * cfg.nKvHeads * BLOCK * cfg.headDim * 4;
+}
+
+/** Weights plus every buffer a forward pass touches, and builders for its dispatches. */
+export class Decoder {
+  readonly maxBlocks: number;
+  readonly trashPos: number;
+  readonly kPool: GPUBuffer;
+  readonly vPool: GPUBuffer;
+  readonly blockTable: GPUBuffer; // u32 [maxSlots, maxBlocks]
+  readonly step: StepBuffers;
+  readonly params: GPUBuffer; // sampling params [maxSlots]
+  readonly topRing: GPUBuffer; // (id, logprob) [regions, maxSteps, maxSlots, topK]
+  readonly eosCount: number;
+  // Scratch, all f32 unless noted; T = maxChunk rows.
+  readonly #x: GPUBuffer; // [T, H] residual stream
+  readonly #h: GPUBuffer; // [T, H] normed
+  readonly #qkv: GPUBuffer; // [T, (Hq + 2 Hkv) D]
+  readonly #q: GPUBuffer; // [T, Hq, D] rotated queries
+  readonly #attn: GPUBuffer; // [T, Hq, D]
+  readonly #gu: GPUBuffer; // [T, 2F]
+  readonly #act: GPUBuffer; // [T, F]
+  readonly #last: GPUBuffer; // [S, H] normed rows that get logits
+  readonly #logits: GPUBuffer; // [S, V]
+  readonly #stats: GPUBuffer; // vec4 [S]
+  readonly #prefillTok: GPUBuffer; // u32 [T]
+  readonly #prefillPos: GPUBuffer; // u32 [T]
+  readonly #prefillSeq: GPUBuffer; // u32 [T]
+  readonly #lastRow: GPUBuffer; // u32 [1]
+  readonly #identity: GPUBuffer; // u32 [S]: decode token s belongs to slot s
+  #decodePlans = new Map<number, Dispatch[]>();
+  #stepEnds = new Map<string, Dispatch[]>();
+  #samples = new Map<string, Dispatch[]>();
+  #prefills = new Map<string, Dispatch[]>();
+
+  constructor(
+    readonly gpu: Gpu,
+    readonly cfg: ModelConfig,
+    readonly w: ModelWeights,
+    readonly opts: DecoderOptions,
+    eosIds: number[],
+  ) {
+    const { maxSlots: S, maxChunk: T } = opts;
+    const { hiddenSize: H, nHeads, nKvHeads, headDim: D, intermediateSize: F } = cfg;
+    const V = cfg.vocabSize;
+    const buf = (bytes: number, label: string, data?: ArrayBufferView) =>
+      createStorage(gpu, bytes, data, label);
+    this.maxBlocks = Math.ceil(opts.contextLength / BLOCK) + 1;
+    this.trashPos = (this.maxBlocks - 1) * BLOCK;
+    this.kPool = buf(opts.numBlocks * blockBytes(cfg), "k_pool");
+    this.vPool = buf(opts.numBlocks * blockBytes(cfg), "v_pool");
+    this.blockTable = buf(S * this.maxBlocks * 4, "block_table"); // zeros: the trash block
+    const eos = eosIds.length ? eosIds : [0xffffffff];
+    this.eosCount = eosIds.length;
+    const done = new Uint32Array(S * 4).map((_, i) => (i % 4 === 0 ? 1 : 0));
+    this.step = {
+      seqLen: buf(S * 4, "seq_len"),
+      pos: buf(S * 4, "decode_pos"),
+      slotState: buf(S * 16, "slot_state", done),
+      nextTok: buf(S * 4, "next_tok"),
+      sampled: buf(S * 8, "sampled"),
+      ring: buf(opts.regions * opts.maxSteps * S * 8, "ring"),
+      counts: buf(S * V * 4, "counts"),
+      eos: buf(eos.length * 4, "eos", Uint32Array.from(eos)),
+    };
+    this.params = buf(S * 64, "sample_params");
+    this.topRing = buf(opts.regions * opts.maxSteps * this.topStride(), "top_ring");
+    const qkvCols = (nHeads + 2 * nKvHeads) * D;
+    this.#x = buf(T * H * 4, "x");
+    this.#h = buf(T * H * 4, "h");
+    this.#qkv = buf(T * qkvCols * 4, "qkv");
+    this.#q = buf(T * nHeads * D * 4, "q");
+    this.#attn = buf(T * nHeads * D * 4, "attn");
+    this.#gu = buf(T * 2 * F * 4, "gate_up");
+    this.#act = buf(T * F * 4, "act");
+    this.#last = buf(S * H * 4, "last");
+    this.#logits = buf(S * V * 4, "logits");
+    this.#stats = buf(S * 16, "stats");
+    this.#prefillTok = buf(T * 4, "prefill_tok");
+    this.#prefillPos = buf(T * 4, "prefill_pos");
+    this.#prefillSeq = buf(T * 4, "prefill_seq");
+    this.#lastRow = buf(4, "last_row");
+    this.#identity = buf(S * 4, "identity", Uint32Array.from({ length: S }, (_, i) => i));
+  }
+
+  /** Bytes per (region, step) row of the top-logprobs ring (256-aligned for bind offsets). */
+  topStride(): number {
+    return Math.ceil((this.opts.maxSlots * this.opts.topK * 8) / 256) * 256;
+  }
+
+  /** Ring entry offset (in entries) of (region, step). */
+  ringOffset(region: number, k: number): number {
+    return (region * this.opts.maxSteps + k) * this.opts.maxSlots;
+  }
+
+  /** The transformer layers over `m` rows of `x`; attention supplied per layer by the caller. */
+  #layers(
+    m: number,
+    rope: { pos: GPUBuffer; tokSeq: GPUBuffer },
+    attention: (layer: number) => Dispatch[],
+  ): Dispatch[] {
+    const { gpu, cfg, w } = this;
+    const x = this.#x, h = this.#h;
+    const eps = cfg.rmsEps, H = cfg.hiddenSize, F = cfg.intermediateSize;
+    const out: Dispatch[] = [];
+    w.layers.forEach((L, l) => {
+      // Attention block: h = norm(x); qkv = h·Wqkvᵀ (+b); RoPE, KV write; attend; x += o·Woᵀ
+      out.push(rmsnormDispatch(gpu, { x, weight: L.attnNorm, out: h }, { count: m, cols: H, eps }));
+      out.push(matmulDispatch(gpu, { x: h, w: L.qkv, y: this.#qkv, bias: L.qkvBias }, { m }));
+      out.push(ropeKvDispatch(gpu, {
+        qkv: this.#qkv,
+        q: this.#q,
+        kPool: this.kPool,
+        vPool: this.vPool,
+        pos: rope.pos,
+        tokSeq: rope.tokSeq,
+        blockTable: this.blockTable,
+        invFreq: w.invFreq,
+      }, { tokens: m, ...this.#heads(l) }));
+      out.push(...attention(l));
+      out.push(matmulDispatch(gpu, { x: this.#attn, w: L.o, y: x, bias: L.oBias }, {
+        m,
+        accumulate: true,
+      }));
+      // MLP block: h = norm(x); gu = h·[Wg;Wu]ᵀ; act = silu(g)·u; x += act·Wdᵀ
+      out.push(rmsnormDispatch(gpu, { x, weight: L.mlpNorm, out: h }, { count: m, cols: H, eps }));
+      out.push(matmulDispatch(gpu, { x: h, w: L.gateUp, y: this.#gu }, { m }));
+      out.push(siluMulDispatch(gpu, { gateUp: this.#gu, out: this.#act }, { m, f: F }));
+      out.push(matmulDispatch(gpu, { x: this.#act, w: L.down, y: x }, { m, accumulate: true }));
+    });
+    return out;
+  }
+
+  #heads(layer: number) {
+    const c = this.cfg;
+    return {
+      nHeads: c.nHeads,
+      nKvHeads: c.nKvHeads,
+      headDim: c.headDim,
+      layer,
+      nLayers: c.nLayers,
+      maxBlocks: this.maxBlocks,
+    };
+  }
+
+  /** LM head over `m` normed rows into logits rows [row0, row0 + m). */
+  #lmHead(m: number, row0: number): Dispatch[] {
+    const V = this.cfg.vocabSize;
+    let r = 0;
+    return this.w.lmHead.map((chunk) => {
+      const d = matmulDispatch(this.gpu, { x: this.#last, w: chunk, y: this.#logits }, {
+        m,
+        yStride: V,
+        yOffset: row0 * V + r,
+      });
+      r += chunk.rows;
+      return d;
+    });
+  }
+
+  /** Sampling for rows [0, rows) and optional top-k alternatives into the top ring. */
+  #sample(rows: number, region: number, k: number, withTop: boolean): Dispatch[] {
+    const key = `${rows}:${withTop ? `${region}:${k}` : ""}`;
+    return memo(this.#samples, key, () => this.#buildSample(rows, region, k, withTop));
+  }
+
+  #buildSample(rows: number, region: number, k: number, withTop: boolean): Dispatch[] {
+    const g = this.gpu, V = this.cfg.vocabSize;
+    const out = [sampleDispatch(g, {
+      logits: this.#logits,
+      params: this.params,
+      position: this.step.seqLen,
+      counts: this.step.counts,
+      out: this.step.sampled,
+    }, { rows, vocab: V })];
+    if (withTop) {
+      out.push(logitsStatsDispatch(g, { logits: this.#logits, stats: this.#stats }, {
+        rows,
+        vocab: V,
+      }));
+      const top = {
+        buffer: this.topRing,
+        offset: (region * this.opts.maxSteps + k) * this.topStride(),
+        size: this.topStride(),
+      };
+      out.push(topKDispatch(g, { logits: this.#logits, stats: this.#stats, out: top }, {
+        rows,
+        vocab: V,
+        k: this.opts.topK,
+      }));
+    }
+    return out;
+  }
+
+  #stepEnd(slotBegin: number, slotEnd: number, region: number, k: number): Dispatch[] {
+    const key = `${slotBegin}:${slotEnd}:${region}:${k}`;
+    return memo(this.#stepEnds, key, () => [stepDispatch(this.gpu, this.step, {
+      entry: "step_end",
+      slotBegin,
+      slotEnd,
+      vocab: this.cfg.vocabSize,
+      ringOffset: this.ringOffset(region, k),
+      trashPos: this.trashPos,
+      nEos: this.eosCount,
+    })], 4096);
+  }
+
+  /**
+   * Prefill of `count` tokens of slot `slot` starting at position `pos0` (already written into
+   * the prefill buffers by {@linkcode writePrefill}). With `last`, also computes the last
+   * token's logits, samples the first new token and records it at (region, step 0).
+   */
+  prefill(
+    count: number,
+    o: { slot: number; pos0: number; last: boolean; region: number; withTop: boolean },
+  ): Dispatch[] {
+    const key = `${count}:${o.slot}:${o.pos0}:${o.last}:${o.region}:${o.withTop}`;
+    return memo(this.#prefills, key, () => this.#buildPrefill(count, o), 64);
+  }
+
+  #buildPrefill(
+    count: number,
+    o: { slot: number; pos0: number; last: boolean; region: number; withTop: boolean },
+  ): Dispatch[] {
+    const g = this.gpu, H = this.cfg.hiddenSize;
+    const out: Dispatch[] = [
+      embeddingDispatch(g, { table: this.w.embed, tokens: this.#prefillTok, out: this.#x }, {
+        count,
+      }),
+      ...this.#layers(count, { pos: this.#prefillPos, tokSeq: this.#prefillSeq }, (layer) => [
+        attentionDispatch(g, {
+          q: this.#q,
+          kPool: this.kPool,
+          vPool: this.vPool,
+          blockTable: this.blockTable,
+          out: this.#attn,
+        }, { tokens: count, slot: o.slot, pos0: o.pos0, ...this.#heads(layer) }),
+      ]),
+    ];
+    if (!o.last) return out;
+    out.push(rmsnormDispatch(g, {
+      x: this.#x,
+      weight: this.w.norm,
+      out: this.#last,
+      rows: this.#lastRow,
+    }, { count: 1, cols: H, eps: this.cfg.rmsEps }));
+    out.push(...this.#lmHead(1, o.slot));
+    out.push(...this.#sample(o.slot + 1, o.region, 0, o.withTop));
+    out.push(...this.#stepEnd(o.slot, o.slot + 1, o.region, 0));
+    return out;
+  }
+
+  /** Writes one prefill chunk's token ids and positions (queue-ordered before the submit). */
+  writePrefill(ids: number[], slot: number, pos0: number): void {
+    const q = this.gpu.device.queue;
+    q.writeBuffer(this.#prefillTok, 0, Uint32Array.from(ids));
+    q.writeBuffer(this.#prefillPos, 0, Uint32Array.from(ids, (_, i) => pos0 + i));
+    q.writeBuffer(this.#prefillSeq, 0, new Uint32Array(ids.length).fill(slot));
+    q.writeBuffer(this.#lastRow, 0, Uint32Array.of(ids.length - 1));
+  }
+
+  /** One decode step of slots [0, slots): everything between two sampled tokens. */
+  decodeStep(slots: number, region: number, k: number, withTop: boolean): Dispatch[] {
+    let body = this.#decodePlans.get(slots);
+    if (!body) {
+      const g = this.gpu, c = this.cfg;
+      body = [
+        stepDispatch(g, this.step, {
+          entry: "step_begin",
+          slotBegin: 0,
+          slotEnd: slots,
+          vocab: c.vocabSize,
+          trashPos: this.trashPos,
+          nEos: this.eosCount,
+        }),
+        embeddingDispatch(g, { table: this.w.embed, tokens: this.step.nextTok, out: this.#x }, {
+          count: slots,
+        }),
+        ...this.#layers(
+          slots,
+          { pos: this.step.pos, tokSeq: this.#identity },
+          (layer) =>
+            attentionDecodeDispatches(g, {
+              q: this.#q,
+              kPool: this.kPool,
+              vPool: this.vPool,
+              blockTable: this.blockTable,
+              seqLen: this.step.seqLen,
+              out: this.#attn,
+            }, {
+              seqs: slots,
+              maxContext: this.opts.contextLength,
+              ...this.#heads(layer),
+            }),
+        ),
+        rmsnormDispatch(g, { x: this.#x, weight: this.w.norm, out: this.#last }, {
+          count: slots,
+          cols: c.hiddenSize,
+          eps: c.rmsEps,
+        }),
+        ...this.#lmHead(slots, 0),
+      ];
+      this.#decodePlans.set(slots, body);
+    }
+    return [
+      ...body,
+      ...this.#sample(slots, region, k, withTop),
+      ...this.#stepEnd(0, slots, region, k),
+    ];
+  }
+}
+
+/** Memoises built dispatches (each owns a uniform buffer), keeping the newest `limit`. */
+function memo(cache: Map<string, Dispatch[]>, key: string, build: () => Dispatch[], limit = 256) {
+  let d = cache.get(key);
+  if (!d) {
+    d = build();
+    cache.set(key, d);
+    if (cache.size > limit) cache.delete(cache.keys().next().value!);
+  }
+  return d;
+}

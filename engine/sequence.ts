@@ -1,0 +1,151 @@
+/**
+ * One request inside the engine: its blocks and slot, the tokens the GPU has produced for it,
+ * incremental detokenization with stop strings, and the stream its caller reads.
+ */
+import type {
+  FinishReason,
+  GenerateRequest,
+  Generation,
+  GenerationResult,
+  SamplingOptions,
+  TokenEvent,
+} from "./api.ts";
+import type { SequenceBlocks } from "./kv.ts";
+import type { TextTokenizer } from "./tokenizer.ts";
+import { Channel } from "./channel.ts";
+import { StopMatcher } from "./stop.ts";
+
+/** What {@linkcode Sequence} needs from the engine. */
+export interface SequenceInit {
+  request: GenerateRequest;
+  blocks: SequenceBlocks;
+  /** Prompt tokens whose KV was already cached. */
+  cached: number;
+  tokenizer: TextTokenizer;
+  /** Called when the caller cancels, so the engine frees the slot. */
+  cancel: (seq: Sequence) => void;
+}
+
+/** Draws a random u64 seed. */
+function randomSeed(): bigint {
+  const w = crypto.getRandomValues(new Uint32Array(2));
+  return (BigInt(w[1]) << 32n) | BigInt(w[0]);
+}
+
+/** A request's life in the engine. */
+export class Sequence {
+  readonly request: GenerateRequest;
+  readonly sampling: SamplingOptions;
+  readonly blocks: SequenceBlocks;
+  readonly seed: bigint;
+  readonly generation: Generation;
+  readonly promptIds: number[];
+  /** Batch slot while admitted, else -1. */
+  slot = -1;
+  prefillSubmitted = false;
+  /** Steps whose tokens the GPU will produce (prefill counts as one). */
+  stepsSubmitted = 0;
+  /** The GPU reported this slot finished (EOS or max tokens). */
+  gpuDone = false;
+  finished = false;
+  readonly #generated: number[] = [];
+  readonly #out = new Channel<TokenEvent>();
+  readonly #decoder;
+  readonly #stop: StopMatcher;
+  readonly #tokenizer: TextTokenizer;
+  readonly #start = performance.now();
+  #ttft = 0;
+  #resolve!: (r: GenerationResult) => void;
+  #reject!: (e: unknown) => void;
+  readonly #cached: number;
+  readonly #onCancel: (seq: Sequence) => void;
+
+  constructor(init: SequenceInit) {
+    this.request = init.request;
+    this.sampling = init.request.sampling;
+    this.blocks = init.blocks;
+    this.promptIds = init.request.promptIds;
+    this.seed = this.sampling.seed ?? randomSeed();
+    this.#tokenizer = init.tokenizer;
+    this.#decoder = init.tokenizer.createDecoder();
+    this.#stop = new StopMatcher(this.sampling.stop);
+    this.#cached = init.cached;
+    this.#onCancel = init.cancel;
+    const result = new Promise<GenerationResult>((res, rej) => {
+      this.#resolve = res;
+      this.#reject = rej;
+    });
+    result.catch(() => {}); // callers that only iterate see the error there
+    const out = this.#out;
+    this.generation = {
+      result,
+      cancel: () => this.cancel(),
+      [Symbol.asyncIterator]: () => out[Symbol.asyncIterator](),
+    };
+  }
+
+  /** Tokens the GPU will still produce after what was submitted. */
+  get gpuRemaining(): number {
+    return this.sampling.maxTokens - this.stepsSubmitted;
+  }
+
+  /** No more tokens will come from the GPU for this sequence. */
+  get gpuFinished(): boolean {
+    return this.gpuDone || this.gpuRemaining <= 0;
+  }
+
+  /** Prompt plus accepted output. */
+  allTokens(): number[] {
+    return [...this.promptIds, ...this.#generated];
+  }
+
+  /** Takes one token the GPU produced. */
+  accept(id: number, logprob: number, alts?: { id: number; logprob: number }[]): void {
+    if (this.finished) return;
+    if (this.#generated.length === 0) this.#ttft = performance.now() - this.#start;
+    this.#generated.push(id);
+    const eos = this.sampling.stopAtEos !== false && this.#tokenizer.eosIds.includes(id);
+    const piece = eos ? this.#decoder.flush() : this.#decoder.push(id);
+    const { text, stopped } = this.#stop.push(piece);
+    const top = alts?.map((a) => ({ ...a, text: this.#tokenizer.tokenText(a.id) }));
+    if (eos || stopped) {
+      const tail = stopped ? text : text + this.#stop.flush();
+      this.#out.push({ id, text: tail, logprob, top });
+      return this.#end("stop");
+    }
+    if (this.#generated.length >= this.sampling.maxTokens) {
+      const tail = text + this.#stop.push(this.#decoder.flush()).text + this.#stop.flush();
+      this.#out.push({ id, text: tail, logprob, top });
+      return this.#end("length");
+    }
+    this.#out.push({ id, text, logprob, top });
+  }
+
+  /** Stops generating; the stream ends with finish reason "cancelled". */
+  cancel(): void {
+    if (this.finished) return;
+    this.#end("cancelled");
+    this.#onCancel(this);
+  }
+
+  /** Ends the stream with an error (GPU failure). */
+  fail(error: unknown): void {
+    if (this.finished) return;
+    this.finished = true;
+    this.#out.close(error);
+    this.#reject(error);
+  }
+
+  #end(reason: FinishReason): void {
+    this.finished = true;
+    this.#out.close();
+    this.#resolve({
+      finishReason: reason,
+      promptTokens: this.promptIds.length,
+      completionTokens: this.#generated.length,
+      cachedTokens: this.#cached,
+      seed: this.seed,
+      ttftMs: this.#ttft,
+    });
+  }
+}

@@ -1,0 +1,166 @@
+/**
+ * strata's command line: `serve` runs the OpenAI-compatible server, `generate` runs one prompt.
+ *
+ *   deno task start [--model DIR] [--host H] [--port N] [--api-key KEY] [--kv PATH]
+ *   deno task generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
+ *                      [--temperature T] [--seed S] [--json]
+ */
+import { parseArgs } from "node:util";
+import { Engine } from "./engine/engine.ts";
+import type { SamplingOptions } from "./engine/api.ts";
+import { status } from "./engine/progress.ts";
+
+/** The model served when none is given: the small model shipped in models/. */
+export const DEFAULT_MODEL = new URL("./models/strata-default", import.meta.url).pathname;
+
+const USAGE = `usage:
+  main.ts serve    [--model DIR] [--host H] [--port N] [--api-key KEY] [--kv PATH]
+                   [--max-slots N] [--max-queued N] [--context-length N] [--cors ORIGINS]
+  main.ts generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
+                   [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
+                   [--stop STR] [--chat] [--json]
+Environment: STRATA_MODEL, HOST, PORT, STRATA_API_KEY, STRATA_KV, STRATA_CORS`;
+
+function int(name: string, v: string | undefined, fallback: number): number {
+  if (v === undefined) return fallback;
+  const n = Number(v);
+  if (!Number.isInteger(n)) throw new Error(`--${name} must be an integer; got '${v}'`);
+  return n;
+}
+
+function num(name: string, v: string | undefined, fallback: number): number {
+  if (v === undefined) return fallback;
+  const n = Number(v);
+  if (!Number.isFinite(n)) throw new Error(`--${name} must be a number; got '${v}'`);
+  return n;
+}
+
+async function generate(args: string[]): Promise<void> {
+  const { values: v } = parseArgs({
+    args,
+    options: {
+      model: { type: "string" },
+      prompt: { type: "string" },
+      "prompt-ids": { type: "string" },
+      "max-tokens": { type: "string" },
+      temperature: { type: "string" },
+      "top-p": { type: "string" },
+      "top-k": { type: "string" },
+      "min-p": { type: "string" },
+      seed: { type: "string" },
+      stop: { type: "string", multiple: true },
+      chat: { type: "boolean" },
+      json: { type: "boolean" },
+    },
+  });
+  if ((v.prompt === undefined) === (v["prompt-ids"] === undefined)) {
+    throw new Error("give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
+  }
+  const engine = await Engine.load(v.model ?? Deno.env.get("STRATA_MODEL") ?? DEFAULT_MODEL, {
+    maxSlots: 1,
+  });
+  status(`model ${engine.modelId} on ${engine.adapterName}`);
+  const promptIds = v["prompt-ids"] !== undefined
+    ? v["prompt-ids"].split(",").map((s) => int("prompt-ids", s.trim(), 0))
+    : v.chat
+    ? engine.encodeChat([{ role: "user", content: v.prompt! }])
+    : engine.encode(v.prompt!);
+  const sampling: SamplingOptions = {
+    temperature: num("temperature", v.temperature, 0),
+    topP: num("top-p", v["top-p"], 1),
+    topK: int("top-k", v["top-k"], 0),
+    minP: num("min-p", v["min-p"], 0),
+    presencePenalty: 0,
+    frequencyPenalty: 0,
+    repetitionPenalty: 1,
+    seed: v.seed === undefined ? undefined : BigInt(v.seed),
+    maxTokens: int("max-tokens", v["max-tokens"], 64),
+    stop: v.stop ?? [],
+    topLogprobs: 0,
+  };
+  const gen = engine.generate({ promptIds, sampling });
+  const tokens: number[] = [], logprobs: number[] = [];
+  let text = "";
+  const enc = new TextEncoder();
+  if (!v.json) Deno.stdout.writeSync(enc.encode(v.prompt ?? ""));
+  for await (const t of gen) {
+    tokens.push(t.id);
+    logprobs.push(t.logprob);
+    text += t.text;
+    if (!v.json) Deno.stdout.writeSync(enc.encode(t.text));
+  }
+  const r = await gen.result;
+  if (v.json) {
+    console.log(JSON.stringify({
+      model: engine.modelId,
+      adapter: engine.adapterName,
+      prompt_ids: promptIds,
+      tokens,
+      logprobs,
+      text,
+      finish_reason: r.finishReason,
+      seed: r.seed.toString(),
+      ttft_ms: r.ttftMs,
+    }));
+  } else {
+    console.log();
+    status(`${tokens.length} tokens, finish_reason ${r.finishReason}`);
+  }
+}
+
+async function serve(args: string[]): Promise<void> {
+  const { values: v } = parseArgs({
+    args,
+    options: {
+      model: { type: "string" },
+      host: { type: "string" },
+      port: { type: "string" },
+      "api-key": { type: "string" },
+      kv: { type: "string" },
+      cors: { type: "string" },
+      "max-slots": { type: "string" },
+      "max-queued": { type: "string" },
+      "context-length": { type: "string" },
+    },
+  });
+  const env = (k: string) => Deno.env.get(k) || undefined;
+  const model = v.model ?? env("STRATA_MODEL") ?? DEFAULT_MODEL;
+  const engine = await Engine.load(model, {
+    maxSlots: int("max-slots", v["max-slots"] ?? env("STRATA_MAX_SLOTS"), 16),
+    maxQueued: int("max-queued", v["max-queued"] ?? env("STRATA_MAX_QUEUED"), 64),
+    contextLength: v["context-length"] ?? env("STRATA_CONTEXT_LENGTH")
+      ? int("context-length", v["context-length"] ?? env("STRATA_CONTEXT_LENGTH"), 0)
+      : undefined,
+  });
+  const { createApp } = await import("./routes/app.ts");
+  const cors = v.cors ?? env("STRATA_CORS");
+  const app = createApp(engine, {
+    apiKey: v["api-key"] ?? env("STRATA_API_KEY"),
+    corsOrigins: cors ? cors.split(",") : undefined,
+  });
+  const hostname = v.host ?? env("HOST") ?? "127.0.0.1";
+  const port = int("port", v.port ?? env("PORT"), 8000);
+  Deno.serve({
+    hostname,
+    port,
+    onListen: ({ hostname, port }) =>
+      console.error(
+        `strata: serving ${engine.modelId} on ${engine.adapterName} at http://${hostname}:${port}/`,
+      ),
+  }, app.fetch);
+}
+
+if (import.meta.main) {
+  const [command, ...rest] = Deno.args;
+  try {
+    if (command === "serve") await serve(rest);
+    else if (command === "generate") await generate(rest);
+    else {
+      console.error(USAGE);
+      Deno.exit(command === undefined || command === "help" || command === "--help" ? 0 : 2);
+    }
+  } catch (e) {
+    console.error(`strata: ${e instanceof Error ? e.message : e}`);
+    Deno.exit(1);
+  }
+}

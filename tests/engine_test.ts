@@ -1,0 +1,156 @@
+/**
+ * End to end: the GPU engine against the float64 reference forward on random test models that
+ * cover GQA, MQA, tied embeddings, Qwen2 biases, head_dim 64 and 128, and f32/f16/bf16 weights.
+ * Reference logits are teacher-forced along the engine's own tokens, so one early near-tie
+ * cannot derail the rest of the comparison.
+ */
+import assert from "node:assert/strict";
+import { Engine } from "../engine/engine.ts";
+import type { SamplingOptions } from "../engine/api.ts";
+import { loadModelFolder } from "../engine/model_folder.ts";
+import { logSoftmax, ReferenceModel, topMargin } from "../engine/reference_forward.ts";
+import { makeTestModel, type TestModelOptions } from "../scripts/make_test_model.ts";
+import { rng, testGpu } from "./util.ts";
+
+const VARIANTS: [string, TestModelOptions][] = [
+  ["llama f32 MQA tied hd64", {
+    arch: "llama",
+    dtype: "f32",
+    hidden: 128,
+    heads: 2,
+    kvHeads: 1,
+    ffn: 160,
+    layers: 2,
+    tie: true,
+  }],
+  ["qwen2 bf16 GQA biases hd64", {
+    arch: "qwen2",
+    dtype: "bf16",
+    hidden: 256,
+    heads: 4,
+    kvHeads: 2,
+    ffn: 320,
+    layers: 2,
+  }],
+  ["mistral f16 GQA hd128 explicit", {
+    arch: "mistral",
+    dtype: "f16",
+    hidden: 96,
+    heads: 4,
+    kvHeads: 2,
+    headDim: 128,
+    ffn: 200,
+    layers: 2,
+    seed: 7,
+  }],
+  ["llama bf16 llama3-rope", {
+    arch: "llama",
+    dtype: "bf16",
+    hidden: 128,
+    heads: 4,
+    kvHeads: 4,
+    ffn: 192,
+    layers: 3,
+    ropeScaling: "llama3",
+    seed: 3,
+  }],
+];
+
+export function greedy(maxTokens: number, extra: Partial<SamplingOptions> = {}): SamplingOptions {
+  return {
+    temperature: 0,
+    topP: 1,
+    topK: 0,
+    minP: 0,
+    presencePenalty: 0,
+    frequencyPenalty: 0,
+    repetitionPenalty: 1,
+    maxTokens,
+    stop: [],
+    topLogprobs: 0,
+    stopAtEos: false,
+    ...extra,
+  };
+}
+
+async function collect(engine: Engine, promptIds: number[], sampling: SamplingOptions) {
+  const gen = engine.generate({ promptIds, sampling });
+  const tokens: number[] = [], logprobs: number[] = [];
+  for await (const t of gen) {
+    tokens.push(t.id);
+    logprobs.push(t.logprob);
+  }
+  return { tokens, logprobs, result: await gen.result };
+}
+
+for (const [name, options] of VARIANTS) {
+  Deno.test(`engine matches float64 reference: ${name}`, async () => {
+    await testGpu();
+    const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });
+    try {
+      await makeTestModel(dir, options);
+      const engine = await Engine.load(dir, { maxSlots: 4, contextLength: 128, maxChunk: 32 });
+      const ref = await ReferenceModel.load(await loadModelFolder(dir));
+      const r = rng(11);
+      const V = ref.config.vocabSize;
+      let compared = 0, worst = 0;
+      for (const len of [1, 7, 40]) {
+        const prompt = Array.from({ length: len }, () => r.int(Math.min(V, 300)));
+        const got = await collect(engine, prompt, greedy(24));
+        assert.equal(got.tokens.length, 24);
+        assert.equal(got.result.finishReason, "length");
+        const logits = ref.forward([...prompt, ...got.tokens]);
+        for (let i = 0; i < got.tokens.length; i++) {
+          const row = logits[len - 1 + i];
+          const lp = logSoftmax(row);
+          const best = lp.indexOf(Math.max(...lp));
+          const margin = topMargin(row);
+          if (margin > 0.05) {
+            assert.equal(got.tokens[i], best, `prompt ${len}, step ${i}: margin ${margin}`);
+            compared++;
+          }
+          const d = Math.abs(got.logprobs[i] - lp[got.tokens[i]]);
+          worst = Math.max(worst, d);
+          assert.ok(d <= 0.05, `prompt ${len}, step ${i}: |Δ logprob| = ${d}`);
+        }
+      }
+      console.log(
+        `${name}: ${compared}/72 argmax checks (margin > 0.05), max |Δ logprob| ${worst}`,
+      );
+      assert.ok(compared >= 36, `too few decisive steps (${compared}): the test model is too flat`);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  });
+}
+
+Deno.test("engine: tokens do not depend on batch composition or steps per submission", async () => {
+  await testGpu();
+  const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });
+  try {
+    await makeTestModel(dir, { arch: "llama", dtype: "f16", hidden: 128, heads: 4, kvHeads: 2 });
+    const prompts = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [
+      9,
+    ]];
+    const seeded = (seed: number) =>
+      greedy(20, { temperature: 0.9, topP: 0.95, topK: 40, seed: BigInt(seed) });
+    const run = async (engine: Engine, together: boolean) => {
+      const jobs = prompts.map((p, i) => () =>
+        collect(engine, p, i === 1 ? greedy(20) : seeded(i))
+      );
+      if (together) return await Promise.all(jobs.map((j) => j()));
+      const out = [];
+      for (const j of jobs) out.push(await j());
+      return out;
+    };
+    const one = await Engine.load(dir, { maxSlots: 4, contextLength: 64, maxSteps: 1 });
+    const many = await Engine.load(dir, { maxSlots: 4, contextLength: 64, maxSteps: 16 });
+    const alone = await run(one, false);
+    const batched = await run(many, true);
+    for (let i = 0; i < prompts.length; i++) {
+      assert.deepEqual(batched[i].tokens, alone[i].tokens, `prompt ${i}`);
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});

@@ -13,10 +13,10 @@ import type {
   SessionInfo,
 } from "./api.ts";
 import { getGpu, type Gpu } from "./gpu.ts";
-import { loadModelFolder, type ModelFolder } from "./model_folder.ts";
-import { ropeInvFreq } from "./config.ts";
+import { loadModelFolder } from "./model_folder.ts";
+import { type ModelConfig, ropeInvFreq } from "./config.ts";
 import { TextTokenizer } from "./tokenizer.ts";
-import { uploadWeights } from "./weights.ts";
+import { type ModelWeights, uploadWeights } from "./weights.ts";
 import { blockBytes, Decoder } from "./forward.ts";
 import { BLOCK, BlockPool, SequenceBlocks } from "./kv.ts";
 import {
@@ -44,6 +44,14 @@ export interface EngineOptions {
   /** KV blocks (default: as many as fit in one binding, at most 4096). */
   kvBlocks?: number;
   gpu?: Gpu;
+}
+
+/** What {@linkcode Engine.create} serves: a model's config, tokenizer and GPU weights. */
+export interface EngineModel {
+  id: string;
+  config: ModelConfig;
+  tokenizer: TextTokenizer;
+  weights: ModelWeights;
 }
 
 interface Submission {
@@ -77,12 +85,12 @@ export class Engine implements EngineLike {
 
   private constructor(
     readonly gpu: Gpu,
-    readonly folder: ModelFolder,
+    modelId: string,
     readonly tokenizer: TextTokenizer,
     readonly decoder: Decoder,
     readonly opts: Required<Omit<EngineOptions, "gpu" | "kvBlocks">>,
   ) {
-    this.modelId = folder.id;
+    this.modelId = modelId;
     this.adapterName = gpu.adapterName;
     this.contextLength = opts.contextLength;
     this.pool = new BlockPool(decoder.opts.numBlocks);
@@ -93,9 +101,22 @@ export class Engine implements EngineLike {
   static async load(dir: string, options: EngineOptions = {}): Promise<Engine> {
     const gpu = options.gpu ?? await getGpu();
     const folder = await loadModelFolder(dir);
-    const cfg = folder.config;
     const tokenizer = TextTokenizer.load(folder);
-    const weights = await uploadWeights(gpu, folder, { invFreq: ropeInvFreq(cfg) });
+    const weights = await uploadWeights(gpu, folder, { invFreq: ropeInvFreq(folder.config) });
+    return Engine.create(
+      gpu,
+      { id: folder.id, config: folder.config, tokenizer, weights },
+      options,
+    );
+  }
+
+  /**
+   * Builds an engine over weights already on the GPU (the bench's in-memory random shapes).
+   *
+   * @throws Error when the KV pool cannot hold one sequence of the context length.
+   */
+  static create(gpu: Gpu, model: EngineModel, options: EngineOptions = {}): Engine {
+    const { config: cfg, tokenizer, weights } = model;
     const opts = {
       maxSlots: options.maxSlots ?? 16,
       maxQueued: options.maxQueued ?? 64,
@@ -125,7 +146,7 @@ export class Engine implements EngineLike {
       regions: REGIONS,
       topK: TOP_K,
     }, tokenizer.eosIds);
-    return new Engine(gpu, folder, tokenizer, decoder, opts);
+    return new Engine(gpu, model.id, tokenizer, decoder, opts);
   }
 
   encode(text: string): number[] {

@@ -58,7 +58,11 @@ export interface PipelineOptions {
  * Returns the compute pipeline for `file` with these constants, compiled once per device.
  * Uses `layout: "auto"`; bind with `pipeline.getBindGroupLayout(0)`.
  */
-export function pipeline(gpu: Gpu, file: string, options: PipelineOptions = {}): GPUComputePipeline {
+export function pipeline(
+  gpu: Gpu,
+  file: string,
+  options: PipelineOptions = {},
+): GPUComputePipeline {
   const constants = options.constants ?? {};
   const entryPoint = options.entryPoint ?? "main";
   const key = `${file}|${entryPoint}|${options.prelude ?? ""}|${JSON.stringify(constants)}`;

@@ -85,6 +85,20 @@ export interface RowShape {
   workgroupSize?: number;
 }
 
+/** Shape of {@linkcode sampleDispatch}. */
+export interface SampleShape extends RowShape {
+  /**
+   * Bits per pass of the cut search: 4 (8 passes of 16 bins) or 2 (16 passes of 4 bins).
+   * Default 4, or 2 on CPU adapters, where llvmpipe compiles the radix-16 kernel very slowly.
+   */
+  digitBits?: 2 | 4;
+}
+
+/** Whether the adapter is a CPU rasteriser (llvmpipe, lavapipe, SwiftShader). */
+export function isCpuAdapter(gpu: Gpu): boolean {
+  return /llvmpipe|lavapipe|swiftshader/i.test(gpu.adapterName);
+}
+
 /** Threads per row: 256 for real vocabularies, fewer for tiny ones (power of two, >= 32). */
 export function rowWorkgroupSize(vocab: number): number {
   let wg = 32;
@@ -98,7 +112,7 @@ export function rowWorkgroupSize(vocab: number): number {
  * @throws Error when `logits` or `counts` would exceed the device's largest binding.
  * @example encode(pass, [sampleDispatch(gpu, { logits, params, position, counts, out }, shape)])
  */
-export function sampleDispatch(gpu: Gpu, bufs: SampleBuffers, shape: RowShape): Dispatch {
+export function sampleDispatch(gpu: Gpu, bufs: SampleBuffers, shape: SampleShape): Dispatch {
   const { rows, vocab } = shape;
   checkRowBytes(gpu, rows * vocab * 4, "logits/counts");
   const wg = shape.workgroupSize ?? rowWorkgroupSize(vocab);
@@ -107,16 +121,22 @@ export function sampleDispatch(gpu: Gpu, bufs: SampleBuffers, shape: RowShape): 
       `internal error: sample workgroup size must be a power of two <= 256; got ${wg}`,
     );
   }
-  const pipe = pipeline(gpu, "sample.wgsl", { constants: { WG: wg } });
+  const digitBits = shape.digitBits ?? (isCpuAdapter(gpu) ? 2 : 4);
+  const pipe = pipeline(gpu, "sample.wgsl", { constants: { WG: wg, DIGIT_BITS: digitBits } });
   const dims = uniform(gpu, params([rows, vocab]));
   const b = bufs;
+  const slots: [number, Binding][] = [
+    [0, dims],
+    [1, b.logits],
+    [2, b.params],
+    [3, b.position],
+    [4, b.counts],
+    [5, b.out],
+  ];
   return {
     label: "sample",
     pipeline: pipe,
-    bindGroup: bindAt(gpu, pipe, [[0, dims], [1, b.logits], [2, b.params], [3, b.position], [
-      4,
-      b.counts,
-    ], [5, b.out]]),
+    bindGroup: bindAt(gpu, pipe, slots),
     workgroups: grid(rows),
   };
 }

@@ -14,9 +14,9 @@
 // Every filter keeps a prefix of one total order, so the kept set is "a cut" (key, id): tokens
 // whose order key is above `key`, plus those equal to `key` with id <= `id`. A cut is found
 // without sorting: a radix-16 search on the order key (8 passes, each a 16-bin histogram of count
-// or mass per thread, reduced in workgroup memory) finds the key level, then one ordered scan over
-// ids picks how many of the tokens tied at that level are kept. Ties are therefore exact: the
-// lowest ids win, as in the reference.
+// or mass per thread, reduced in workgroup memory; radix 4 on CPU adapters) finds the key level,
+// then one ordered scan over ids picks how many of the tokens tied at that level are kept. Ties
+// are therefore exact: the lowest ids win, as in the reference.
 
 struct SampleParams {
   temperature: f32,
@@ -31,11 +31,7 @@ struct SampleParams {
   _pad0: u32, _pad1: u32, _pad2: u32,
 }
 
-struct Dims {
-  rows: u32, // rows to sample (or Philox vectors for philox_test)
-  vocab: u32,
-  _pad0: u32, _pad1: u32,
-}
+struct Dims { rows: u32, vocab: u32, _pad0: u32, _pad1: u32 } // rows: or Philox vectors
 
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> logits: array<f32>; // [rows, V]
@@ -49,15 +45,19 @@ struct Dims {
 override WG: u32 = 256u; // power of two, <= MAX_WG
 const MAX_WG: u32 = 256u;
 
-const NBIN: u32 = 16u;
+// Bits per pass of the cut search: 4 (16 bins, 8 passes) on GPUs; 2 (4 bins, 16 passes) on CPU
+// adapters, where llvmpipe's LLVM takes minutes over the larger workgroup array.
+override DIGIT_BITS: u32 = 4u;
+override NBIN: u32 = 1u << DIGIT_BITS;
+override DIGIT_PASSES: u32 = 32u / DIGIT_BITS;
 const COUNT_MASK: u32 = 0x3fffffffu;
 const SEEN_BIT: u32 = 0x80000000u;
 const NONE: u32 = 0xffffffffu;
 const NEG: f32 = -3.402823e38;
 
-// Per-thread partials: 16 bins x WG threads (part[bin][lid]); reused by every reduction. Nested,
-// not flat: llvmpipe takes minutes to compile the zero-init of one flat 4096-float array (and an
-// inner array may not be override-sized).
+// Per-thread partials: NBIN (>= 3) bins x WG threads (part[bin][lid]); reused by every reduction.
+// Nested, not flat: llvmpipe takes minutes to compile the zero-init of one flat 4096-float array
+// (and an inner array may not be override-sized).
 var<workgroup> part: array<array<f32, MAX_WG>, NBIN>;
 var<workgroup> part_u: array<u32, WG>;
 var<workgroup> picked: u32;
@@ -134,7 +134,7 @@ fn in_cut(k: u32, i: u32, cut: vec2<u32>) -> bool {
 
 // ---- workgroup reductions ----
 
-// Sums part[b][t] over t for all 16 bins; the result is in part[b][0].
+// Sums part[b][t] over t for all bins; the result is in part[b][0].
 fn reduce_bins() {
   for (var s = WG / 2u; s > 0u; s >>= 1u) {
     workgroupBarrier();
@@ -145,24 +145,24 @@ fn reduce_bins() {
   workgroupBarrier();
 }
 
-// Radix-16 search for the cut level: the largest key t with F(key >= t) >= aim, where F sums
+// Radix-NBIN search for the cut level: the largest key t with F(key >= t) >= aim, where F sums
 // 1 (count mode) or the weight (mass mode) over tokens inside `cut`. In mass mode the aim is
 // `goal` times the total mass inside the cut. Returns (t, bits of F(key > t), bits of aim).
 fn find_level(use_mass: bool, goal: f32, cut: vec2<u32>) -> vec3<u32> {
   var prefix = 0u;
   var above = 0.0;
   var aim = goal;
-  for (var digit = 0u; digit < 8u; digit++) {
-    let shift = 28u - 4u * digit;
+  for (var digit = 0u; digit < DIGIT_PASSES; digit++) {
+    let shift = 32u - DIGIT_BITS * (digit + 1u);
     workgroupBarrier(); // everyone has read the previous bins
     for (var b = 0u; b < NBIN; b++) { part[b][lid] = 0.0; }
     for (var i = lid; i < V; i += WG) {
       let x = penalised(i);
       let k = order_key(x);
-      if (!in_cut(k, i, cut) || (digit > 0u && (k >> (shift + 4u)) != prefix)) {
+      if (!in_cut(k, i, cut) || (digit > 0u && (k >> (shift + DIGIT_BITS)) != prefix)) {
         continue;
       }
-      let d = (k >> shift) & 15u;
+      let d = (k >> shift) & (NBIN - 1u);
       part[d][lid] += select(1.0, weight(x), use_mass);
     }
     reduce_bins();
@@ -195,7 +195,7 @@ fn find_level(use_mass: bool, goal: f32, cut: vec2<u32>) -> vec3<u32> {
       chosen = lowest;
       acc_chosen = acc_lowest;
     }
-    prefix = (prefix << 4u) | chosen;
+    prefix = (prefix << DIGIT_BITS) | chosen;
     above = acc_chosen;
   }
   return vec3<u32>(prefix, bitcast<u32>(above), bitcast<u32>(aim));
@@ -357,9 +357,7 @@ fn main(
   var tok = st.pen_arg;
   if (sp.temperature > 0.0) {
     var cut = vec2<u32>(0u, NONE); // everything
-    if (sp.top_k > 0u && sp.top_k < V) {
-      cut = cut_count(f32(sp.top_k), cut);
-    }
+    if (sp.top_k > 0u && sp.top_k < V) { cut = cut_count(f32(sp.top_k), cut); }
     if (sp.top_p <= 0.0) {
       cut = cut_count(1.0, cut);
     } else if (sp.top_p < 1.0) {

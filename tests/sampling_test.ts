@@ -60,6 +60,7 @@ interface SampleRun {
   positions: number[];
   counts?: Uint32Array; // [rows, V]
   vocab: number;
+  digitBits?: 2 | 4;
 }
 
 /** Samples every row on the GPU; returns tokens and logprobs. */
@@ -74,7 +75,7 @@ async function sampleGpu(gpu: Gpu, o: SampleRun) {
     counts: createStorage(gpu, rows * V * 4, o.counts ?? new Uint32Array(rows * V)),
     out: createStorage(gpu, rows * 8),
   };
-  await run(gpu, [sampleDispatch(gpu, bufs, { rows, vocab: V })]);
+  await run(gpu, [sampleDispatch(gpu, bufs, { rows, vocab: V, digitBits: o.digitBits })]);
   const raw = await readU32(gpu, bufs.out, rows * 2);
   const f = new Float32Array(raw.buffer);
   const tokens = Array.from({ length: rows }, (_, r) => raw[2 * r]);
@@ -171,11 +172,8 @@ Deno.test("logits stats: max, lse, argmax vs reference at V = 1, 7, 1000, 32003"
 
 Deno.test("top-k logprobs: ids and logprobs vs reference, ties to lower ids", async () => {
   const gpu = await testGpu();
-  const cases = [[7, 0, 10], [7, 2, 3], [1000, 0, 20], [1000, 6, 5], [32003, 0, 1], [
-    32003,
-    4,
-    20,
-  ]];
+  // [V, tie levels (0: none), k]
+  const cases = [[7, 0, 10], [7, 2, 3], [1000, 0, 20], [1000, 6, 5], [32003, 0, 1], [32003, 4, 20]];
   for (const [V, levels, k] of cases) {
     const rows = 2;
     const x = makeLogits(31 * V + k, rows * V, 8, levels);
@@ -287,7 +285,9 @@ function knifeEdge(p: Float64Array, u: number, eps = 2e-6): boolean {
  * token against sampleRef, skipping knife edges. `levels` > 0 quantises the logits (many ties),
  * and `topKs` can put the top-k cut inside a tie level.
  */
-async function matchTokens(o: { V: number; rows: number; levels?: number; topKs?: number[] }) {
+async function matchTokens(
+  o: { V: number; rows: number; levels?: number; topKs?: number[]; digitBits?: 2 | 4 },
+) {
   const gpu = await testGpu();
   const { V, rows } = o;
   const r = rng(V + rows);
@@ -305,7 +305,8 @@ async function matchTokens(o: { V: number; rows: number; levels?: number; topKs?
     seed: BigInt(r.int(2 ** 31)) * 0x1_0000_0001n,
   }));
   const positions = settings.map(() => r.int(100000));
-  const got = await sampleGpu(gpu, { logits, settings, positions, counts, vocab: V });
+  const digitBits = o.digitBits;
+  const got = await sampleGpu(gpu, { logits, settings, positions, counts, vocab: V, digitBits });
   let checked = 0;
   for (let i = 0; i < rows; i++) {
     const row = logits.subarray(i * V, (i + 1) * V);
@@ -319,7 +320,8 @@ async function matchTokens(o: { V: number; rows: number; levels?: number; topKs?
     assert(Math.abs(got.logprobs[i] - want.logprob) < 1e-4, `logprob ${what}`);
   }
   console.log(
-    `token match V=${V} levels=${o.levels ?? 0}: ${checked}/${rows} rows checked, all equal ` +
+    `token match V=${V} levels=${o.levels ?? 0} digitBits=${digitBits ?? "default"}: ` +
+      `${checked}/${rows} rows checked, all equal ` +
       `(${rows - checked} on a knife edge)`,
   );
   assert(checked >= rows * 0.75);
@@ -336,6 +338,9 @@ Deno.test("sampling: GPU token == sampleRef token per (seed, position), V = 3200
   await matchTokens({ V: 32003, rows: 24 });
   // ~6400 tokens per logit value: the top-k cut falls inside a tie level
   await matchTokens({ V: 32003, rows: 24, levels: 5, topKs: [0, 100, 5000, 9000] });
+  // The radix-16 cut search that real GPUs run (CPU adapters default to radix 4).
+  await matchTokens({ V: 32003, rows: 24, digitBits: 4 });
+  await matchTokens({ V: 32003, rows: 24, levels: 5, topKs: [0, 100, 5000, 9000], digitBits: 4 });
 });
 
 function replacer(k: string, v: unknown) {

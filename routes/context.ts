@@ -1,0 +1,71 @@
+/** What every route sees: the engine, the options, the metrics, and admission control. */
+import type { EngineLike } from "../engine/api.ts";
+import { ApiError } from "./errors.ts";
+import type { ServerMetrics } from "./metrics.ts";
+
+/** Options of {@linkcode createApp} (routes/app.ts). */
+export interface ServerOptions {
+  /** When set, `/v1/*` requires `Authorization: Bearer <apiKey>` (WebSocket: or `?api_key=`). */
+  apiKey?: string;
+  /** Origins allowed by CORS (`["*"]` for any); CORS is off when absent or empty. */
+  corsOrigins?: string[];
+  /** Largest request body in bytes (and largest WebSocket message); default 1 MiB. */
+  maxBodyBytes?: number;
+  /** Sequences allowed to wait for admission before new requests get 429; default: engine's. */
+  maxQueued?: number;
+  /** `Retry-After` seconds sent with 429; default 1. */
+  retryAfterSeconds?: number;
+  /** Once aborted, new generations get 503 and /health reports "shutting_down". */
+  shutdown?: AbortSignal;
+  /** Folder served at `/` (`index.html` for `/`); default `static/` of the repository; null: off. */
+  staticDir?: string | URL | null;
+}
+
+/** Server state shared by the sub-apps. */
+export interface ServerContext {
+  engine: EngineLike;
+  metrics: ServerMetrics;
+  maxBodyBytes: number;
+  maxQueued: number;
+  retryAfterSeconds: number;
+  shutdown?: AbortSignal;
+  /** `system_fingerprint` of responses: model and adapter. */
+  fingerprint: string;
+  /** Unix seconds when the app was created (the model's `created`). */
+  startedAt: number;
+}
+
+/**
+ * Admission control, checked before a request starts generating: 503 while shutting down, 429
+ * with `Retry-After` when the engine's queue (or `maxQueued`) is full.
+ *
+ * @throws {ApiError} 503 `shutting_down` or 429 `queue_full`
+ */
+export function admit(ctx: ServerContext): void {
+  if (ctx.shutdown?.aborted) {
+    throw new ApiError(503, "the server is shutting down; retry on another instance", {
+      code: "shutting_down",
+    });
+  }
+  const load = ctx.engine.load();
+  const limit = Math.min(load.maxQueued, ctx.maxQueued);
+  if (load.queued >= limit) {
+    const s = ctx.retryAfterSeconds;
+    throw new ApiError(
+      429,
+      `the server is busy (${load.running} running, ${load.queued} queued, queue limit ${limit}); ` +
+        `retry after ${s} s`,
+      { code: "queue_full", headers: { "Retry-After": String(s) } },
+    );
+  }
+}
+
+/** A 32-bit FNV-1a hash as 8 hex digits (for `system_fingerprint`). */
+export function fnv1a(text: string): string {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) {
+    h ^= text.charCodeAt(i);
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
+  return h.toString(16).padStart(8, "0");
+}

@@ -1,0 +1,216 @@
+/**
+ * Running generations for the routes: start the choices of a request, time and count their
+ * tokens, cancel them when the client goes away, and either collect them or stream them as SSE.
+ */
+import type { Context } from "hono";
+import { streamSSE } from "hono/streaming";
+import type {
+  GenerateRequest,
+  GenerationResult,
+  SamplingOptions,
+  TokenEvent,
+} from "../engine/api.ts";
+import type { ServerContext } from "./context.ts";
+import { toApiError } from "./errors.ts";
+
+/** Server-side timings of one generation. */
+export interface Timings {
+  /** From the call to `generate` to the first token, in milliseconds. */
+  ttft_ms: number;
+  /** Decode rate after the first token (whole-run rate when there is one token). */
+  tokens_per_second: number;
+  total_ms: number;
+}
+
+/** The engine's result plus server timings. */
+export interface RunResult extends GenerationResult {
+  timings: Timings;
+}
+
+/** A generation whose tokens are timed and counted in the metrics. */
+export interface Run {
+  /** Token events; iterate once. Leaving the loop early cancels the generation. */
+  events: AsyncIterable<TokenEvent>;
+  result: Promise<RunResult>;
+  cancel(): void;
+}
+
+/** Starts one generation and wraps it with timing and metrics. */
+export function startRun(ctx: ServerContext, request: GenerateRequest): Run {
+  const { metrics } = ctx;
+  const t0 = performance.now();
+  const gen = ctx.engine.generate(request);
+  let first = -1, last = -1;
+  async function* events(): AsyncGenerator<TokenEvent> {
+    let finished = false;
+    try {
+      for await (const ev of gen) {
+        const now = performance.now();
+        if (first < 0) {
+          first = now;
+          metrics.ttft.observe((now - t0) / 1000);
+        } else metrics.interToken.observe((now - last) / 1000);
+        last = now;
+        yield ev;
+      }
+      finished = true;
+    } finally {
+      if (!finished) gen.cancel();
+    }
+  }
+  const result = gen.result.then((r) => {
+    const end = performance.now();
+    metrics.promptTokens.inc({}, r.promptTokens);
+    metrics.cachedPromptTokens.inc({}, r.cachedTokens);
+    metrics.generationTokens.inc({}, r.completionTokens);
+    metrics.generations.inc({ finish_reason: r.finishReason });
+    const decodeMs = last - first;
+    const tps = r.completionTokens > 1 && decodeMs > 0
+      ? (r.completionTokens - 1) / (decodeMs / 1000)
+      : r.completionTokens / Math.max((end - t0) / 1000, 1e-9);
+    const timings = {
+      ttft_ms: round(first < 0 ? end - t0 : first - t0),
+      tokens_per_second: round(tps),
+      total_ms: round(end - t0),
+    };
+    return { ...r, timings };
+  });
+  result.catch(() => {}); // awaited by the caller; never an unhandled rejection
+  return { events: events(), result, cancel: () => gen.cancel() };
+}
+
+function round(x: number): number {
+  return Math.round(x * 100) / 100;
+}
+
+/**
+ * Starts `n` choices for each prompt (choice index = promptIndex * n + j); all are cancelled
+ * when `signal` aborts. If the engine refuses one, those already started are cancelled and the
+ * engine's error is thrown.
+ */
+export function startChoices(
+  ctx: ServerContext,
+  prompts: number[][],
+  n: number,
+  sampling: (j: number) => SamplingOptions,
+  options: { sessionId?: string; signal: AbortSignal },
+): Run[] {
+  const runs: Run[] = [];
+  try {
+    for (const promptIds of prompts) {
+      for (let j = 0; j < n; j++) {
+        const request = { promptIds, sampling: sampling(j), ...options };
+        runs.push(startRun(ctx, request));
+      }
+    }
+  } catch (e) {
+    runs.forEach((r) => r.cancel()); // e.g. the queue filled up part way: start none
+    throw e;
+  }
+  options.signal.addEventListener("abort", () => runs.forEach((r) => r.cancel()), { once: true });
+  return runs;
+}
+
+/** All tokens and the result of one choice. */
+export interface Collected {
+  events: TokenEvent[];
+  result: RunResult;
+}
+
+/**
+ * Aborts `abort` when the client disconnects (`c.req.raw.signal`) until the returned function is
+ * called. Deno (without `--unstable-no-legacy-abort`) also aborts that signal after a successful
+ * response, so callers stop watching once their runs are over.
+ */
+export function watchClient(c: Context, abort: AbortController): () => void {
+  const gone = () => abort.abort();
+  const signal = c.req.raw.signal;
+  if (signal.aborted) gone();
+  signal.addEventListener("abort", gone, { once: true });
+  return () => signal.removeEventListener("abort", gone);
+}
+
+/**
+ * Waits for every run; aborts `abort` (cancelling the runs) if the client disconnects meanwhile,
+ * and if one run fails cancels the others and throws its error.
+ */
+export async function collect(
+  c: Context,
+  runs: Run[],
+  abort: AbortController,
+): Promise<Collected[]> {
+  const unwatch = watchClient(c, abort);
+  try {
+    return await Promise.all(runs.map(async (run) => {
+      const events: TokenEvent[] = [];
+      for await (const ev of run.events) events.push(ev);
+      return { events, result: await run.result };
+    }));
+  } catch (e) {
+    abort.abort();
+    throw e;
+  } finally {
+    unwatch();
+  }
+}
+
+/** `usage` of a response: prompts counted once each, completions summed over choices. */
+export function usageOf(prompts: number[][], results: RunResult[]) {
+  const prompt = prompts.reduce((s, p) => s + p.length, 0);
+  const completion = results.reduce((s, r) => s + r.completionTokens, 0);
+  const cached = results.reduce((s, r) => s + r.cachedTokens, 0);
+  return {
+    prompt_tokens: prompt,
+    completion_tokens: completion,
+    total_tokens: prompt + completion,
+    prompt_tokens_details: { cached_tokens: cached },
+  };
+}
+
+/** How an endpoint renders its SSE chunks; a null chunk is not sent. */
+export interface ChunkRenderer {
+  /** Before the first token of choice k (chat: the role delta; completions: echo). */
+  start(k: number): object | null;
+  token(k: number, ev: TokenEvent): object | null;
+  finish(k: number, result: RunResult): object;
+  /** After every choice finished (the usage chunk), or null. */
+  usage(results: RunResult[]): object | null;
+}
+
+/**
+ * Streams the runs as SSE `data: {...}` chunks ending with `data: [DONE]`. Choices stream
+ * concurrently; a client disconnect (the SSE stream's abort) aborts `abort`, which cancels them
+ * all; an engine failure sends
+ * `data: {"error": {...}}` and ends the stream.
+ */
+export function streamRuns(
+  c: Context,
+  runs: Run[],
+  abort: AbortController,
+  render: ChunkRenderer,
+): Response {
+  return streamSSE(c, async (stream) => {
+    stream.onAbort(() => abort.abort());
+    const unwatch = watchClient(c, abort);
+    const send = (chunk: object | null) =>
+      chunk ? stream.writeSSE({ data: JSON.stringify(chunk) }) : Promise.resolve();
+    try {
+      const results = await Promise.all(runs.map(async (run, k) => {
+        await send(render.start(k));
+        for await (const ev of run.events) await send(render.token(k, ev));
+        const result = await run.result;
+        await send(render.finish(k, result));
+        return result;
+      }));
+      await send(render.usage(results));
+      await stream.writeSSE({ data: "[DONE]" });
+    } catch (e) {
+      abort.abort();
+      const api = toApiError(e);
+      if (api.status >= 500) console.error(e);
+      await send(api.body());
+    } finally {
+      unwatch();
+    }
+  });
+}

@@ -1,0 +1,32 @@
+/** `GET /health`: liveness for load balancers, with the model, adapter, load and KV use. */
+import { Hono } from "hono";
+import type { ServerContext } from "./context.ts";
+
+/** The `/health` sub-app: 200 `{status: "ok", ...}`, or 503 `{status: "shutting_down"}`. */
+export function healthRoutes(ctx: ServerContext): Hono {
+  return new Hono().get("/", (c) => {
+    const { engine } = ctx;
+    const shuttingDown = ctx.shutdown?.aborted ?? false;
+    const load = engine.load();
+    const kv = engine.kvStats();
+    return c.json({
+      status: shuttingDown ? "shutting_down" : "ok",
+      model: engine.modelId,
+      adapter: engine.adapterName,
+      context_length: engine.contextLength,
+      load: {
+        running: load.running,
+        queued: load.queued,
+        max_running: load.maxRunning,
+        max_queued: Math.min(load.maxQueued, ctx.maxQueued),
+      },
+      kv: {
+        block_tokens: kv.blockTokens,
+        gpu: { used: kv.gpu.used, total: kv.gpu.total },
+        kv: { used: kv.kv.used },
+        fs: { used: kv.fs.used },
+      },
+      uptime_s: Math.floor(Date.now() / 1000) - ctx.startedAt,
+    }, shuttingDown ? 503 : 200);
+  });
+}

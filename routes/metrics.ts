@@ -1,0 +1,116 @@
+/**
+ * The server's metrics and `GET /metrics` (Prometheus text format).
+ *
+ * | metric                                 | type      | labels                 |
+ * | -------------------------------------- | --------- | ---------------------- |
+ * | `strata_http_requests_total`           | counter   | route, method, status  |
+ * | `strata_prompt_tokens_total`           | counter   |                        |
+ * | `strata_prompt_tokens_cached_total`    | counter   |                        |
+ * | `strata_generation_tokens_total`       | counter   |                        |
+ * | `strata_generations_total`             | counter   | finish_reason          |
+ * | `strata_time_to_first_token_seconds`   | histogram |                        |
+ * | `strata_inter_token_latency_seconds`   | histogram |                        |
+ * | `strata_requests_running`              | gauge     |                        |
+ * | `strata_requests_queued`               | gauge     |                        |
+ * | `strata_requests_max_running`          | gauge     |                        |
+ * | `strata_kv_blocks`                     | gauge     | tier (gpu, kv, fs)     |
+ * | `strata_kv_gpu_blocks_capacity`        | gauge     |                        |
+ * | `strata_websocket_connections`         | gauge     |                        |
+ */
+import { Hono } from "hono";
+import type { EngineLike } from "../engine/api.ts";
+import { Counter, Gauge, Histogram, Registry } from "./prometheus.ts";
+
+/** The metrics the routes update (one set per app). */
+export interface ServerMetrics {
+  registry: Registry;
+  requests: Counter;
+  promptTokens: Counter;
+  cachedPromptTokens: Counter;
+  generationTokens: Counter;
+  generations: Counter;
+  ttft: Histogram;
+  interToken: Histogram;
+  /** Open WebSocket connections (read by a gauge). */
+  sockets: { open: number };
+}
+
+const TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40];
+const ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5];
+
+/** Creates the metric set; gauges read `engine.load()` and `engine.kvStats()` at scrape time. */
+export function createMetrics(engine: EngineLike): ServerMetrics {
+  const r = new Registry();
+  const sockets = { open: 0 };
+  const m: ServerMetrics = {
+    registry: r,
+    requests: r.add(
+      new Counter("strata_http_requests_total", "HTTP requests by route and status."),
+    ),
+    promptTokens: r.add(
+      new Counter(
+        "strata_prompt_tokens_total",
+        "Prompt tokens of the sequences started (a prompt counts once per choice).",
+      ),
+    ),
+    cachedPromptTokens: r.add(
+      new Counter("strata_prompt_tokens_cached_total", "Prompt tokens served from cached KV."),
+    ),
+    generationTokens: r.add(
+      new Counter("strata_generation_tokens_total", "Tokens generated."),
+    ),
+    generations: r.add(
+      new Counter("strata_generations_total", "Finished generations by finish reason."),
+    ),
+    ttft: r.add(
+      new Histogram(
+        "strata_time_to_first_token_seconds",
+        "Time from admission to the first token, in seconds.",
+        TTFT_BUCKETS,
+      ),
+    ),
+    interToken: r.add(
+      new Histogram(
+        "strata_inter_token_latency_seconds",
+        "Time between consecutive tokens of one sequence as the server sees them, in seconds.",
+        ITL_BUCKETS,
+      ),
+    ),
+    sockets,
+  };
+  const load = (key: "running" | "queued" | "maxRunning") => () => [
+    { labels: {}, value: engine.load()[key] },
+  ];
+  r.add(new Gauge("strata_requests_running", "Sequences in the running batch.", load("running")));
+  r.add(new Gauge("strata_requests_queued", "Sequences waiting for admission.", load("queued")));
+  r.add(new Gauge("strata_requests_max_running", "Batch capacity.", load("maxRunning")));
+  r.add(
+    new Gauge("strata_kv_blocks", "KV cache blocks in use per tier.", () => {
+      const kv = engine.kvStats();
+      return [
+        { labels: { tier: "gpu" }, value: kv.gpu.used },
+        { labels: { tier: "kv" }, value: kv.kv.used },
+        { labels: { tier: "fs" }, value: kv.fs.used },
+      ];
+    }),
+  );
+  r.add(
+    new Gauge("strata_kv_gpu_blocks_capacity", "KV cache blocks the GPU pool holds.", () => [
+      { labels: {}, value: engine.kvStats().gpu.total },
+    ]),
+  );
+  r.add(
+    new Gauge("strata_websocket_connections", "Open WebSocket connections.", () => [
+      { labels: {}, value: sockets.open },
+    ]),
+  );
+  return m;
+}
+
+/** `GET /metrics`: the registry in Prometheus text format. */
+export function metricsRoutes(metrics: ServerMetrics): Hono {
+  return new Hono().get("/", (c) =>
+    c.body(metrics.registry.render(), 200, {
+      "Content-Type": "text/plain; version=0.0.4; charset=utf-8",
+    }));
+}

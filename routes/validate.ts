@@ -1,0 +1,343 @@
+/**
+ * Request parsing shared by /v1/completions, /v1/chat/completions and the WebSocket: every
+ * field is checked once here and a bad one becomes a 400 naming the field and what to send.
+ */
+import type { EngineLike, SamplingOptions } from "../engine/api.ts";
+import { ApiError, badRequest } from "./errors.ts";
+import {
+  type Body,
+  boolField,
+  describe,
+  intField,
+  numberField,
+  present,
+  sessionField,
+  stopField,
+} from "./fields.ts";
+
+/** Most sequences (prompts × n) one request may start. */
+export const MAX_SEQUENCES = 64;
+/** Most alternatives per token for logprobs. */
+export const MAX_TOP_LOGPROBS = 20;
+
+/** Sampling and bookkeeping fields common to completions, chat and the WebSocket. */
+export interface CommonRequest {
+  /** Everything but `maxTokens`, `seed` and `topLogprobs`, which differ per choice or endpoint. */
+  sampling: Omit<SamplingOptions, "maxTokens" | "seed" | "topLogprobs">;
+  /** Base seed; choice k uses seed + k (mod 2^64) so n > 1 gives different choices. */
+  seed?: bigint;
+  /** Requested max new tokens, or undefined (chat: up to the context). */
+  maxTokens?: number;
+  n: number;
+  stream: boolean;
+  includeUsage: boolean;
+  sessionId?: string;
+}
+
+/** A parsed /v1/completions request. */
+export interface CompletionRequest extends CommonRequest {
+  /** One token-id list per prompt. */
+  prompts: number[][];
+  maxTokens: number;
+  /** Alternatives per token, or null for no logprobs. */
+  logprobs: number | null;
+  /** With `echo`: the prompt texts to prepend (the strings sent, or decoded ids). */
+  echo: string[] | null;
+}
+
+/** A parsed /v1/chat/completions (or WebSocket `start`) request. */
+export interface ChatRequest extends CommonRequest {
+  messages: { role: string; content: string }[];
+  promptIds: number[];
+  maxTokens: number;
+  logprobs: boolean;
+  topLogprobs: number;
+}
+
+/** Checks that `model` is absent or names the engine's model (404 `model_not_found`). */
+export function checkModel(engine: EngineLike, body: Body): void {
+  if (!present(body, "model")) return;
+  const model = body.model;
+  if (typeof model !== "string") {
+    throw badRequest("model", `model must be a string; got ${describe(model)}`);
+  }
+  if (model !== engine.modelId) {
+    throw new ApiError(
+      404,
+      `the model "${model}" does not exist; this server serves "${engine.modelId}" ` +
+        "(see GET /v1/models)",
+      { param: "model", code: "model_not_found" },
+    );
+  }
+}
+
+/** Parses the fields shared by all generation requests. */
+export function parseCommon(body: Body, sessionHeader?: string): CommonRequest {
+  const temperature = numberField(body, "temperature", { min: 0, max: 2 }, 1);
+  const topP = numberField(body, "top_p", { min: 0, max: 1, openMin: true }, 1);
+  const topK = intField(body, "top_k", 0, Number.MAX_SAFE_INTEGER, 0, " (0 turns it off)");
+  const minP = numberField(body, "min_p", { min: 0, max: 1 }, 0);
+  const presencePenalty = numberField(body, "presence_penalty", { min: -2, max: 2 }, 0);
+  const frequencyPenalty = numberField(body, "frequency_penalty", { min: -2, max: 2 }, 0);
+  const repetitionPenalty = numberField(
+    body,
+    "repetition_penalty",
+    { min: 0, max: Infinity, openMin: true },
+    1,
+  );
+  const n = intField(body, "n", 1, 16, 1);
+  const maxName = present(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  const maxTokens = present(body, maxName)
+    ? intField(body, maxName, 1, Number.MAX_SAFE_INTEGER, 1)
+    : undefined;
+  let seed: bigint | undefined;
+  if (present(body, "seed")) {
+    const s = intField(body, "seed", Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER, 0);
+    seed = BigInt.asUintN(64, BigInt(s));
+  }
+  const stream = boolField(body, "stream", false);
+  let includeUsage = false;
+  if (present(body, "stream_options")) {
+    const so = body.stream_options;
+    if (!stream) {
+      throw badRequest("stream_options", "stream_options is only allowed when stream is true");
+    }
+    if (typeof so !== "object" || Array.isArray(so)) {
+      throw badRequest(
+        "stream_options",
+        `stream_options must be an object like {"include_usage": true}; got ${describe(so)}`,
+      );
+    }
+    includeUsage = boolField(so as Body, "include_usage", false);
+  }
+  if (present(body, "user") && typeof body.user !== "string") {
+    throw badRequest("user", `user must be a string; got ${describe(body.user)}`);
+  }
+  const sessionId = sessionField(body, sessionHeader);
+  if (sessionId !== undefined && n > 1) {
+    throw badRequest(
+      "session_id",
+      `a session continues one conversation, so n must be 1 with session_id; got n=${n}`,
+    );
+  }
+  return {
+    sampling: {
+      temperature,
+      topP,
+      topK,
+      minP,
+      presencePenalty,
+      frequencyPenalty,
+      repetitionPenalty,
+      stop: stopField(body),
+    },
+    seed,
+    maxTokens,
+    n,
+    stream,
+    includeUsage,
+    sessionId,
+  };
+}
+
+/** The sampling options of choice `k` (its seed offset by k). */
+export function samplingFor(
+  req: CommonRequest & { maxTokens: number },
+  topLogprobs: number,
+  k: number,
+): SamplingOptions {
+  const seed = req.seed === undefined ? undefined : BigInt.asUintN(64, req.seed + BigInt(k));
+  return { ...req.sampling, maxTokens: req.maxTokens, seed, topLogprobs };
+}
+
+/**
+ * Resolves max_tokens against the context: absent means "up to the context" (chat) and an
+ * explicit value must fit with the prompt.
+ *
+ * @throws {ApiError} 400 `context_length_exceeded` naming `param`
+ */
+export function fitContext(
+  engine: EngineLike,
+  promptTokens: number,
+  maxTokens: number | undefined,
+  param: string,
+  what = param,
+): number {
+  const ctx = engine.contextLength;
+  if (maxTokens === undefined) {
+    if (promptTokens < ctx) return ctx - promptTokens;
+    throw new ApiError(
+      400,
+      `${what} is ${promptTokens} tokens, which leaves no room in the model's context of ` +
+        `${ctx} tokens; shorten the ${param}`,
+      { param, code: "context_length_exceeded" },
+    );
+  }
+  if (promptTokens + maxTokens <= ctx) return maxTokens;
+  throw new ApiError(
+    400,
+    `${what} is ${promptTokens} tokens and max_tokens is ${maxTokens}: ` +
+      `${promptTokens + maxTokens} tokens, over the model's context of ${ctx} tokens; ` +
+      `shorten the ${param} or lower max_tokens to ${Math.max(ctx - promptTokens, 0)} or less`,
+    { param, code: "context_length_exceeded" },
+  );
+}
+
+const TOKEN_IDS = "prompt must be a string, a list of strings, a list of token ids " +
+  "(integers >= 0), or a list of such lists, and not empty";
+
+function isIdList(v: unknown): v is number[] {
+  return Array.isArray(v) && v.length > 0 &&
+    v.every((x) => typeof x === "number" && Number.isInteger(x) && x >= 0 && x < 2 ** 31);
+}
+
+/** Tokenizes `prompt` into one id list per prompt. */
+export function parsePrompts(engine: EngineLike, body: Body): number[][] {
+  const p = body.prompt;
+  let prompts: number[][] | undefined;
+  if (typeof p === "string") prompts = [engine.encode(p)];
+  else if (Array.isArray(p) && p.length > 0) {
+    if (p.every((x) => typeof x === "string")) prompts = p.map((s) => engine.encode(s));
+    else if (isIdList(p)) prompts = [p];
+    else if (p.every(isIdList)) prompts = p as number[][];
+  }
+  if (!prompts) throw badRequest("prompt", `${TOKEN_IDS}; got ${describe(p)}`);
+  const empty = prompts.findIndex((ids) => ids.length === 0);
+  if (empty >= 0) {
+    throw badRequest("prompt", `prompt ${empty} encodes to no tokens; send some text`);
+  }
+  return prompts;
+}
+
+/** Parses a /v1/completions body. */
+export function parseCompletion(
+  engine: EngineLike,
+  body: Body,
+  sessionHeader?: string,
+): CompletionRequest {
+  checkModel(engine, body);
+  if (!present(body, "prompt")) {
+    throw badRequest("prompt", 'prompt is required, e.g. "prompt": "Once upon a time"');
+  }
+  const common = parseCommon(body, sessionHeader);
+  const prompts = parsePrompts(engine, body);
+  if (prompts.length * common.n > MAX_SEQUENCES) {
+    throw badRequest(
+      "n",
+      `${prompts.length} prompts × n=${common.n} is ${prompts.length * common.n} sequences, ` +
+        `over the limit of ${MAX_SEQUENCES} per request; split the request`,
+    );
+  }
+  if (common.sessionId !== undefined && prompts.length > 1) {
+    throw badRequest("session_id", "a session continues one prompt; send one prompt with it");
+  }
+  let logprobs: number | null = null;
+  if (present(body, "logprobs")) {
+    logprobs = intField(body, "logprobs", 0, MAX_TOP_LOGPROBS, 0, " (alternatives per token)");
+  }
+  const echo = boolField(body, "echo", false);
+  if (echo && logprobs !== null) {
+    throw badRequest(
+      "echo",
+      "echo with logprobs is not supported (prompt tokens get no logprobs); drop one of them",
+    );
+  }
+  if (present(body, "best_of") && body.best_of !== common.n && body.best_of !== 1) {
+    throw badRequest("best_of", "best_of is not supported; use n to get several choices");
+  }
+  if (present(body, "suffix") && body.suffix !== "") {
+    throw badRequest("suffix", "suffix (fill-in-the-middle) is not supported; leave it out");
+  }
+  const maxTokens = common.maxTokens ?? 16;
+  prompts.forEach((ids, i) =>
+    fitContext(
+      engine,
+      ids.length,
+      maxTokens,
+      "prompt",
+      prompts.length > 1 ? `prompt ${i}` : "prompt",
+    )
+  );
+  const texts = Array.isArray(body.prompt) ? body.prompt : [body.prompt];
+  const echoTexts = echo
+    ? prompts.map((ids, i) =>
+      typeof texts[i] === "string" ? texts[i] as string : engine.decode(ids)
+    )
+    : null;
+  return { ...common, prompts, maxTokens, logprobs, echo: echoTexts };
+}
+
+const ROLES = new Set(["system", "user", "assistant", "developer"]);
+
+function messageContent(m: Body, i: number): string {
+  const c = m.content;
+  if (typeof c === "string") return c;
+  if ((c === null || c === undefined) && m.role === "assistant") return "";
+  const param = `messages[${i}].content`;
+  if (!Array.isArray(c)) {
+    throw badRequest(
+      param,
+      `${param} must be a string or a list of text parts; got ${describe(c)}`,
+    );
+  }
+  return c.map((part, j) => {
+    const p = part as Body;
+    if (typeof p !== "object" || p === null || p.type !== "text" || typeof p.text !== "string") {
+      throw badRequest(
+        `${param}[${j}]`,
+        `${param}[${j}] must be {"type": "text", "text": "..."} (only text is supported); ` +
+          `got ${describe(part)}`,
+      );
+    }
+    return p.text;
+  }).join("\n");
+}
+
+/** Checks `messages` and returns them as role/content strings ("developer" becomes "system"). */
+export function parseMessages(body: Body): { role: string; content: string }[] {
+  const list = body.messages;
+  if (!Array.isArray(list) || list.length === 0) {
+    throw badRequest(
+      "messages",
+      'messages must be a non-empty list like [{"role": "user", "content": "Hi"}]; ' +
+        `got ${describe(list)}`,
+    );
+  }
+  return list.map((m, i) => {
+    if (typeof m !== "object" || m === null || Array.isArray(m)) {
+      throw badRequest(`messages[${i}]`, `messages[${i}] must be an object; got ${describe(m)}`);
+    }
+    const role = (m as Body).role;
+    if (typeof role !== "string" || !ROLES.has(role)) {
+      throw badRequest(
+        `messages[${i}].role`,
+        `messages[${i}].role must be "system", "user" or "assistant"; got ${describe(role)}`,
+      );
+    }
+    const content = messageContent(m as Body, i);
+    return { role: role === "developer" ? "system" : role, content };
+  });
+}
+
+/** Parses a /v1/chat/completions body (also the WebSocket `start` message). */
+export function parseChat(engine: EngineLike, body: Body, sessionHeader?: string): ChatRequest {
+  checkModel(engine, body);
+  const messages = parseMessages(body);
+  const common = parseCommon(body, sessionHeader);
+  const logprobs = boolField(body, "logprobs", false);
+  const topLogprobs = intField(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, 0);
+  if (present(body, "top_logprobs") && !logprobs) {
+    throw badRequest("top_logprobs", "top_logprobs needs logprobs: true");
+  }
+  let promptIds: number[];
+  try {
+    promptIds = engine.encodeChat(messages);
+  } catch (e) {
+    throw badRequest(
+      "messages",
+      `the model's chat template rejected the messages: ${(e as Error).message}`,
+    );
+  }
+  const maxTokens = fitContext(engine, promptIds.length, common.maxTokens, "messages");
+  return { ...common, messages, promptIds, maxTokens, logprobs, topLogprobs };
+}

@@ -1,0 +1,156 @@
+/**
+ * `GET /v1/chat/ws`: chat over a WebSocket, several conversations at once, told apart by id.
+ *
+ * Client → server: `{"type":"start","id","messages",...chat fields}`, `{"type":"cancel","id"}`,
+ * `{"type":"ping"}`. Server → client: `{"type":"delta","id","text","token_id"}` per token,
+ * `{"type":"done","id","finish_reason","usage","timings","seed"}`, `{"type":"error","id"?,
+ * "error":{...}}`, `{"type":"pong"}`. A bad message gets an error and the socket stays open;
+ * closing the socket cancels its conversations. docs/api.md has the full protocol.
+ */
+import { Hono } from "hono";
+import { upgradeWebSocket } from "hono/deno";
+import type { WSContext } from "hono/ws";
+import { admit, type ServerContext } from "./context.ts";
+import { chatLogprob } from "./chat.ts";
+import { ApiError, badRequest, toApiError } from "./errors.ts";
+import { type Run, startRun, usageOf } from "./generation.ts";
+import { type Body, parseJsonObject } from "./fields.ts";
+import { parseChat, samplingFor } from "./validate.ts";
+
+/** Most conversations running at once on one socket. */
+export const MAX_CONVERSATIONS = 16;
+
+function send(ws: WSContext, message: object): void {
+  if (ws.readyState === 1) ws.send(JSON.stringify(message));
+}
+
+function sendError(ws: WSContext, err: unknown, id?: string): void {
+  const api = toApiError(err);
+  if (api.code === "internal_error") console.error(err);
+  send(ws, { type: "error", ...(id === undefined ? {} : { id }), ...api.body() });
+}
+
+function conversationId(msg: Body): string {
+  const id = msg.id;
+  if (typeof id !== "string" || id.length === 0 || id.length > 128) {
+    throw badRequest(
+      "id",
+      `id must be a string of 1-128 characters naming the conversation; got ${JSON.stringify(id)}`,
+    );
+  }
+  return id;
+}
+
+/** The `/v1/chat/ws` sub-app (426 for a plain GET). */
+export function wsRoutes(ctx: ServerContext): Hono {
+  const { engine } = ctx;
+  return new Hono().get(
+    "/",
+    upgradeWebSocket(() => {
+      const running = new Map<string, Run>();
+      let open = false;
+
+      async function start(ws: WSContext, id: string, msg: Body): Promise<void> {
+        if (running.has(id)) {
+          // This error answers the rejected start; the running conversation goes on.
+          throw new ApiError(
+            400,
+            `conversation "${id}" is already running; cancel it or use a new id`,
+            { param: "id", code: "duplicate_id" },
+          );
+        }
+        if (running.size >= MAX_CONVERSATIONS) {
+          throw badRequest(
+            null,
+            `${MAX_CONVERSATIONS} conversations are already running on this socket; ` +
+              "wait for one to finish or open another socket",
+          );
+        }
+        const req = parseChat(engine, msg);
+        if (req.n !== 1) throw badRequest("n", "n must be 1 over the WebSocket; start more ids");
+        admit(ctx);
+        const run = startRun(ctx, {
+          promptIds: req.promptIds,
+          sampling: samplingFor(req, req.logprobs ? req.topLogprobs : 0, 0),
+          sessionId: req.sessionId,
+        });
+        running.set(id, run);
+        try {
+          for await (const ev of run.events) {
+            const delta = { type: "delta", id, text: ev.text, token_id: ev.id };
+            send(ws, req.logprobs ? { ...delta, logprobs: chatLogprob(engine, ev) } : delta);
+          }
+          const r = await run.result;
+          send(ws, {
+            type: "done",
+            id,
+            finish_reason: r.finishReason,
+            usage: usageOf([req.promptIds], [r]),
+            timings: r.timings,
+            seed: String(r.seed),
+          });
+        } finally {
+          running.delete(id);
+        }
+      }
+
+      function onMessage(data: unknown, ws: WSContext): void {
+        let id: string | undefined;
+        try {
+          if (typeof data !== "string") {
+            throw badRequest(null, "send JSON text messages, not binary ones");
+          }
+          if (data.length > ctx.maxBodyBytes) {
+            throw new ApiError(413, `the message is over ${ctx.maxBodyBytes} bytes; send less`, {
+              code: "message_too_large",
+            });
+          }
+          const msg = parseJsonObject(data);
+          if (msg.type === "ping") return send(ws, { type: "pong" });
+          if (msg.type !== "start" && msg.type !== "cancel") {
+            throw badRequest(
+              "type",
+              `type must be "start", "cancel" or "ping"; got ${JSON.stringify(msg.type)}`,
+            );
+          }
+          id = conversationId(msg);
+          if (msg.type === "cancel") {
+            const run = running.get(id);
+            if (!run) {
+              throw new ApiError(404, `no conversation "${id}" is running on this socket`, {
+                param: "id",
+                code: "conversation_not_found",
+              });
+            }
+            return run.cancel(); // its "done" follows with finish_reason "cancelled"
+          }
+          const started = id;
+          start(ws, started, msg).catch((e) => sendError(ws, e, started));
+        } catch (e) {
+          sendError(ws, e, id);
+        }
+      }
+
+      return {
+        onOpen: () => {
+          open = true;
+          ctx.metrics.sockets.open++;
+        },
+        onMessage: (evt, ws) => onMessage(evt.data, ws),
+        onClose: () => {
+          if (open) ctx.metrics.sockets.open--;
+          open = false;
+          for (const run of running.values()) run.cancel();
+          running.clear();
+        },
+      };
+    }),
+    () => {
+      throw new ApiError(
+        426,
+        "GET /v1/chat/ws is a WebSocket endpoint; connect with a WebSocket client (ws://.../v1/chat/ws)",
+        { code: "upgrade_required", headers: { Upgrade: "websocket" } },
+      );
+    },
+  );
+}

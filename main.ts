@@ -1,7 +1,7 @@
 /**
  * strata's command line: `serve` runs the OpenAI-compatible server, `generate` runs one prompt.
  *
- *   deno task start [--model DIR] [--host H] [--port N] [--api-key KEY] [--kv PATH]
+ *   deno task start [--model DIR] [--host H] [--port N] [--api-key KEY]
  *   deno task generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *                      [--temperature T] [--seed S] [--json]
  */
@@ -14,12 +14,14 @@ import { status } from "./engine/progress.ts";
 export const DEFAULT_MODEL = new URL("./models/strata-default", import.meta.url).pathname;
 
 const USAGE = `usage:
-  main.ts serve    [--model DIR] [--host H] [--port N] [--api-key KEY] [--kv PATH]
+  main.ts serve    [--model DIR] [--host H] [--port N] [--api-key KEY]
                    [--max-slots N] [--max-queued N] [--context-length N] [--cors ORIGINS]
+                   [--max-body-bytes N]
   main.ts generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
                    [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
                    [--stop STR] [--chat] [--json]
-Environment: STRATA_MODEL, HOST, PORT, STRATA_API_KEY, STRATA_KV, STRATA_CORS`;
+Environment: STRATA_MODEL, HOST, PORT, STRATA_API_KEY, STRATA_CORS, STRATA_MAX_SLOTS,
+STRATA_MAX_QUEUED, STRATA_CONTEXT_LENGTH, STRATA_MAX_BODY_BYTES`;
 
 function int(name: string, v: string | undefined, fallback: number): number {
   if (v === undefined) return fallback;
@@ -116,11 +118,11 @@ async function serve(args: string[]): Promise<void> {
       host: { type: "string" },
       port: { type: "string" },
       "api-key": { type: "string" },
-      kv: { type: "string" },
       cors: { type: "string" },
       "max-slots": { type: "string" },
       "max-queued": { type: "string" },
       "context-length": { type: "string" },
+      "max-body-bytes": { type: "string" },
     },
   });
   const env = (k: string) => Deno.env.get(k) || undefined;
@@ -134,13 +136,20 @@ async function serve(args: string[]): Promise<void> {
   });
   const { createApp } = await import("./routes/app.ts");
   const cors = v.cors ?? env("STRATA_CORS");
+  const shutdown = new AbortController();
   const app = createApp(engine, {
     apiKey: v["api-key"] ?? env("STRATA_API_KEY"),
     corsOrigins: cors ? cors.split(",") : undefined,
+    maxBodyBytes: int(
+      "max-body-bytes",
+      v["max-body-bytes"] ?? env("STRATA_MAX_BODY_BYTES"),
+      1 << 20,
+    ),
+    shutdown: shutdown.signal,
   });
   const hostname = v.host ?? env("HOST") ?? "127.0.0.1";
   const port = int("port", v.port ?? env("PORT"), 8000);
-  Deno.serve({
+  const server = Deno.serve({
     hostname,
     port,
     onListen: ({ hostname, port }) =>
@@ -148,6 +157,14 @@ async function serve(args: string[]): Promise<void> {
         `strata: serving ${engine.modelId} on ${engine.adapterName} at http://${hostname}:${port}/`,
       ),
   }, app.fetch);
+  // On SIGINT/SIGTERM: new requests get 503 while running ones finish, then exit.
+  for (const sig of ["SIGINT", "SIGTERM"] as const) {
+    Deno.addSignalListener(sig, () => {
+      console.error(`strata: ${sig}, draining`);
+      shutdown.abort();
+      server.shutdown().then(() => Deno.exit(0));
+    });
+  }
 }
 
 if (import.meta.main) {

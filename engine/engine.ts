@@ -27,7 +27,7 @@ import {
 } from "./errors.ts";
 import { Sequence } from "./sequence.ts";
 import { encode } from "../kernels/dispatch.ts";
-import { packSampleParams, SAMPLE_PARAMS_BYTES } from "../kernels/sample.ts";
+import { isCpuAdapter, packSampleParams, SAMPLE_PARAMS_BYTES } from "../kernels/sample.ts";
 
 /** Options for {@linkcode Engine.load}. */
 export interface EngineOptions {
@@ -39,7 +39,7 @@ export interface EngineOptions {
   contextLength?: number;
   /** Prefill chunk in tokens (default 256). */
   maxChunk?: number;
-  /** Most decode steps per GPU submission (default 32). */
+  /** Most decode steps per GPU submission (default 32; 4 on CPU adapters). */
   maxSteps?: number;
   /** KV blocks (default: as many as fit in one binding, at most 4096). */
   kvBlocks?: number;
@@ -126,7 +126,9 @@ export class Engine implements EngineLike {
         cfg.slidingWindow ?? Infinity,
       ),
       maxChunk: options.maxChunk ?? 256,
-      maxSteps: options.maxSteps ?? 32,
+      // On a CPU adapter a submission blocks Deno's event loop until it finishes: keep it short
+      // so cancels, pings and other requests are served between submissions.
+      maxSteps: options.maxSteps ?? (isCpuAdapter(gpu) ? 4 : 32),
     };
     const perPool = Math.floor(gpu.maxBinding / blockBytes(cfg));
     const numBlocks = Math.min(options.kvBlocks ?? 4096, perPool);

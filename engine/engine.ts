@@ -12,7 +12,7 @@ import type {
   KvStats,
   SessionInfo,
 } from "./api.ts";
-import { getGpu, type Gpu } from "./gpu.ts";
+import { getGpu, type Gpu, isCpuAdapter } from "./gpu.ts";
 import { loadModelFolder } from "./model_folder.ts";
 import { type ModelConfig, ropeInvFreq } from "./config.ts";
 import { TextTokenizer } from "./tokenizer.ts";
@@ -27,7 +27,7 @@ import {
 } from "./errors.ts";
 import { Sequence } from "./sequence.ts";
 import { encode } from "../kernels/dispatch.ts";
-import { isCpuAdapter, packSampleParams, SAMPLE_PARAMS_BYTES } from "../kernels/sample.ts";
+import { packSampleParams, SAMPLE_PARAMS_BYTES } from "../kernels/sample.ts";
 
 /** Options for {@linkcode Engine.load}. */
 export interface EngineOptions {

@@ -86,6 +86,11 @@ export async function createGpu(options: GpuOptions = {}): Promise<Gpu> {
   };
 }
 
+/** True for software adapters (Mesa llvmpipe/lavapipe, SwiftShader): the GPU is the CPU. */
+export function isCpuAdapter(gpu: Pick<Gpu, "adapterName">): boolean {
+  return /llvmpipe|lavapipe|swiftshader/i.test(gpu.adapterName);
+}
+
 /** Usage for buffers kernels read and write and tests fill and read back. */
 export const STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC;
 

@@ -4,8 +4,7 @@
  * The order of operations is documented at the top of sample.wgsl; `sampleRef` in
  * kernels/reference.ts is the float64 twin.
  */
-import type { Gpu } from "../engine/gpu.ts";
-import { writeBuffer } from "../engine/gpu.ts";
+import { type Gpu, isCpuAdapter, writeBuffer } from "../engine/gpu.ts";
 import type { SamplingOptions } from "../engine/api.ts";
 import { seedKey } from "../engine/philox.ts";
 import { type Dispatch, grid, params, pipeline, uniform } from "./dispatch.ts";
@@ -92,11 +91,6 @@ export interface SampleShape extends RowShape {
    * Default 4, or 2 on CPU adapters, where llvmpipe compiles the radix-16 kernel very slowly.
    */
   digitBits?: 2 | 4;
-}
-
-/** Whether the adapter is a CPU rasteriser (llvmpipe, lavapipe, SwiftShader). */
-export function isCpuAdapter(gpu: Gpu): boolean {
-  return /llvmpipe|lavapipe|swiftshader/i.test(gpu.adapterName);
 }
 
 /** Threads per row: 256 for real vocabularies, fewer for tiny ones (power of two, >= 32). */

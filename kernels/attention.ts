@@ -8,6 +8,12 @@ import { bindGroup, type Dispatch, params, pipeline, uniform } from "./dispatch.
 const BLOCK = 16;
 /** Threads per workgroup. */
 const WG = 128;
+/** Most threads that share one score (more only shortens dot products already short). */
+const MAX_PARTS = 8;
+/** Workgroup memory budget where shaders compile slowly (see {@linkcode attentionTile}). */
+const SLOW_COMPILE_BYTES = 2560;
+/** Largest head dim: a 16-key tile is then 32 floats per thread (`NT_MAX` in the WGSL). */
+const MAX_HEAD_DIM = 256;
 
 /** Workgroup shape of the attention kernels for one head dim. */
 export interface AttentionTile {
@@ -15,7 +21,9 @@ export interface AttentionTile {
   wg: number;
   /** Query rows per workgroup. */
   rows: number;
-  /** Threads that share one score when `rows · 16 < wg`. */
+  /** Keys per KV tile: 16 (a whole cache block) unless workgroup memory is tight. */
+  keys: number;
+  /** Threads that share one score when `rows · keys < wg`. */
   parts: number;
   /** Workgroup memory the tile uses, in bytes. */
   bytes: number;
@@ -28,28 +36,43 @@ export interface AttentionTileOptions {
   wantRows: number;
   /** Upper bound on rows (default 64). */
   maxRows?: number;
+  /** Workgroup memory to stay within (default: see {@linkcode attentionTile}). */
+  maxBytes?: number;
 }
 
 /**
- * Picks the largest row tile that fits the device's workgroup memory: q and the accumulator take
- * `rows · headDim` floats each, the K-then-V tile `16 · headDim`, scores `rows · 16 · parts`.
- * headDim 128 gets 16 rows on llvmpipe (32 KiB), 32 on the H200 (48 KiB); headDim 64 gets 32 and
- * 64.
+ * Picks the tile: whole 16-key blocks and as many rows as fit, fewer keys per tile only when
+ * even one row does not fit. Workgroup memory: q `rows · (headDim + 1)` and the accumulator
+ * `rows · headDim` floats, the K-then-V tile `headDim · (keys + 1)`, scores `rows · keys · parts`,
+ * `rows + 1` scalars. The budget is the device's workgroup memory (headDim 128: 16 rows in 32 KiB,
+ * 32 rows in the H200's 48 KiB; headDim 64: 32 and 64 rows), except on Mesa llvmpipe through
+ * GL (a CPU adapter without shader-f16), where it is 2.5 KiB: naga zero-initialises workgroup
+ * memory there with one store per element, and Mesa's compile time grows with the square of that
+ * count (6 s at 4 KiB, minutes at 16 KiB).
  *
- * @throws Error ("internal error") when not even one row fits (headDim too large).
+ * @throws Error ("internal error") when not even one row and one key fit (headDim too large).
  */
 export function attentionTile(gpu: Gpu, opts: AttentionTileOptions): AttentionTile {
   const D = opts.headDim;
-  let rows = Math.max(1, Math.min(opts.wantRows, opts.maxRows ?? 64, WG));
-  for (; rows >= 1; rows = rows > 8 ? rows >> 1 : rows - 1) {
-    const parts = Math.max(1, Math.floor(WG / (rows * BLOCK)));
-    const bytes = 4 * (2 * rows * D + BLOCK * D + rows * BLOCK * parts + rows);
-    if (bytes <= gpu.maxWorkgroupStorage) return { wg: WG, rows, parts, bytes };
+  const budget = opts.maxBytes ?? (slowCompile(gpu) ? SLOW_COMPILE_BYTES : gpu.maxWorkgroupStorage);
+  const most = Math.max(1, Math.min(opts.wantRows, opts.maxRows ?? 64, WG));
+  for (let keys = BLOCK; keys >= 1 && D <= MAX_HEAD_DIM; keys >>= 1) {
+    for (let rows = most; rows >= 1; rows = rows > 8 ? rows >> 1 : rows - 1) {
+      let parts = Math.min(MAX_PARTS, Math.max(1, Math.floor(WG / (rows * keys))));
+      while (D % parts !== 0) parts >>= 1;
+      const floats = rows * (D + 1) + rows * D + D * (keys + 1) + rows * keys * parts + rows + 1;
+      if (4 * floats <= budget) return { wg: WG, rows, keys, parts, bytes: 4 * floats };
+    }
   }
   throw new Error(
-    `internal error: attention head dim ${D} needs more than ${gpu.maxWorkgroupStorage} bytes ` +
-      "of workgroup memory",
+    `internal error: attention head dim ${D} needs more than ${budget} bytes of workgroup ` +
+      `memory or is over ${MAX_HEAD_DIM}`,
   );
+}
+
+/** Mesa llvmpipe through GL: the one CPU adapter without shader-f16 (lavapipe has it). */
+function slowCompile(gpu: Gpu): boolean {
+  return !gpu.hasF16 && /llvmpipe|lavapipe|swiftshader/i.test(gpu.adapterName);
 }
 
 /** Buffers of {@linkcode attentionDispatch}. */
@@ -83,6 +106,8 @@ export interface AttentionOptions {
   scale?: number;
   /** Row of `q` / `out` holding this sequence's first token (default 0). */
   tokenOffset?: number;
+  /** Cap on workgroup memory in bytes (default: see {@linkcode attentionTile}); for tests. */
+  maxTileBytes?: number;
 }
 
 /**
@@ -116,10 +141,21 @@ export function attentionDispatch(
         `blocks; layer ${layer} of ${nLayers}`,
     );
   }
-  const tile = attentionTile(gpu, { headDim: D, wantRows: tokens * group });
+  const tile = attentionTile(gpu, {
+    headDim: D,
+    wantRows: tokens * group,
+    maxBytes: opts.maxTileBytes,
+  });
+  const rowTiles = Math.ceil((tokens * group) / tile.rows);
+  if (rowTiles > 65535) {
+    throw new Error(
+      `internal error: attention over ${tokens} tokens needs ${rowTiles} > 65535 ` +
+        "workgroups; prefill in chunks",
+    );
+  }
   const scale = opts.scale ?? 1 / Math.sqrt(D);
   const pipe = pipeline(gpu, "attention.wgsl", {
-    constants: { WG: tile.wg, HD: D, ROWS: tile.rows, PARTS: tile.parts },
+    constants: { WG: tile.wg, HD: D, ROWS: tile.rows, KEYS: tile.keys, PARTS: tile.parts },
   });
   const u = uniform(
     gpu,
@@ -139,9 +175,10 @@ export function attentionDispatch(
   );
   const b = buffers;
   return {
-    label: `attention T${tokens} pos0 ${pos0} ${nHeads}/${nKvHeads}x${D} L${layer}`,
+    label: `attention T${tokens} pos0 ${pos0} ${nHeads}/${nKvHeads}x${D} L${layer} ` +
+      `tile ${tile.rows}x${tile.keys}`,
     pipeline: pipe,
     bindGroup: bindGroup(gpu, pipe, [u, b.q, b.kPool, b.vPool, b.blockTable, b.out]),
-    workgroups: [Math.ceil((tokens * group) / tile.rows), nKvHeads, 1],
+    workgroups: [rowTiles, nKvHeads, 1],
   };
 }

@@ -5,23 +5,33 @@
 // x = row tile, y = kv head), so every K/V tile it loads serves all of them. Query t sits at
 // position pos0 + t and sees keys 0 ..= pos0 + t (keys before pos0 are cached from earlier steps).
 //
-// Per KV tile of 16 keys (exactly one cache block, read through the block table):
-//   load K (transposed) into workgroup memory                (keys past the last needed: zeros)
-//   scores S[r, j] = q_r . k_j, split over PARTS threads when ROWS * 16 < WG
-//   one thread per row: online softmax in f32 (base 2: q is pre-scaled by scale * log2 e);
-//     meanwhile all threads load V over K
+// Per KV tile of KEYS keys (16 = one cache block on GPUs; part of a block where workgroup
+// memory is kept small), found through the block table:
+//   K (already in registers) -> workgroup memory, transposed          (keys past the end: zeros)
+//   scores S[r, j] = q_r . k_j, split over PARTS threads when ROWS * KEYS < WG
+//   V (registers) -> workgroup memory, and the next tile's K and V are fetched into registers,
+//     so their latency hides behind the softmax and P V of this tile
+//   one thread per row: online softmax in f32 (base 2: q is pre-scaled by scale * log2 e)
 //   acc[r, :] = acc[r, :] * alpha[r] + P[r, :] V
-// No subgroups on our targets, so sharing goes through workgroup memory and barriers. The
-// accumulator lives in workgroup memory too: per-thread register arrays with dynamic indices
-// made Mesa's compiler (our CI) take minutes per pipeline, and cost little to avoid.
+// No subgroups on our targets, so sharing goes through workgroup memory and barriers. Loops that
+// load have constant trip counts so the compiler can unroll them and keep loads in flight.
 
 override WG: u32 = 128u; // threads, >= ROWS
 override HD: u32 = 64u; // head_dim
 override ROWS: u32 = 16u; // rows per workgroup
-override PARTS: u32 = 1u; // threads per score: max(1, WG / (ROWS * 16))
+override KEYS: u32 = 16u; // keys per tile: 16, 8, 4, 2 or 1 (a tile never straddles blocks)
+override PARTS: u32 = 1u; // threads per score, divides HD, <= WG / (ROWS * KEYS)
 
-const BLOCK: u32 = 16u; // keys per tile = tokens per KV block
+const BLOCK: u32 = 16u; // tokens per KV block
 const NEG: f32 = -1e30; // "no key yet": finite, so exp2(NEG - m) is 0 and never NaN
+const NT_MAX: u32 = 32u; // tile elements per thread, at most (KEYS * HD <= 32 * WG)
+
+override QS: u32 = HD + 1u; // q row stride: rows read together fall in different banks
+override KS: u32 = KEYS + 1u; // transposed K row stride, likewise
+override SPAN: u32 = HD / PARTS; // dims per score thread
+override NQ: u32 = (ROWS * HD + WG - 1u) / WG; // q / acc elements per thread
+override NS: u32 = (ROWS * KEYS * PARTS + WG - 1u) / WG; // score items per thread
+override NT: u32 = (KEYS * HD + WG - 1u) / WG; // K (and V) tile elements per thread
 
 struct Params {
   tokens: u32,
@@ -44,18 +54,46 @@ struct Params {
 @group(0) @binding(4) var<storage, read> block_table: array<u32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
-var<workgroup> qs: array<f32, ROWS * HD + 1u>; // [r][d], pre-scaled
+var<workgroup> qs: array<f32, ROWS * QS>; // [r][d], pre-scaled
 // The K tile transposed [d][j] (score threads read consecutive j), then the V tile [j][d].
-var<workgroup> kv: array<f32, BLOCK * HD + 1u>;
-var<workgroup> sp: array<f32, ROWS * BLOCK * PARTS + 1u>; // score partials [part][r][j], then P [r][j]
-var<workgroup> acc: array<f32, ROWS * HD + 1u>; // unnormalised output [r][d]
-var<workgroup> alpha: array<f32, ROWS + 1u>; // per-row rescale of acc for this tile, then 1 / l
+var<workgroup> kv: array<f32, HD * KS>;
+var<workgroup> sp: array<f32, ROWS * KEYS * PARTS>; // score partials [part][r][j], then P [r][j]
+var<workgroup> acc: array<f32, ROWS * HD>; // unnormalised output [r][d]
+var<workgroup> alpha: array<f32, ROWS>; // per-row rescale of acc for this tile, then 1 / l
+
+// This thread's share of the K and V tile in flight: element lid + i * WG of [j][d].
+var<private> k_reg: array<f32, NT_MAX>;
+var<private> v_reg: array<f32, NT_MAX>;
 
 // Element offset of q / out for row `row` (of all T * G) under kv head `kvh`.
 fn row_offset(row: u32, kvh: u32) -> u32 {
   let t = row / p.group;
   let h = kvh * p.group + row % p.group;
   return ((p.row0 + t) * p.n_heads + h) * HD;
+}
+
+// Fetches keys [key0, key0 + KEYS) of kv head `kvh` into k_reg / v_reg; keys at or past `limit`
+// (possibly unwritten: stale or NaN) become zeros, so 0 * V stays 0.
+fn fetch(key0: u32, limit: u32, kvh: u32, lid: u32) {
+  var valid = 0u;
+  var base = 0u;
+  if (key0 < limit) {
+    valid = min(KEYS, limit - key0);
+    let b = block_table[p.slot * p.max_blocks + key0 / BLOCK];
+    let head = (b * p.n_layers + p.layer) * p.n_kv_heads + kvh;
+    base = (head * BLOCK + key0 % BLOCK) * HD;
+  }
+  for (var i = 0u; i < NT; i++) {
+    let e = lid + i * WG;
+    var kx = 0.0;
+    var vx = 0.0;
+    if (e < KEYS * HD && e / HD < valid) {
+      kx = k_pool[base + e];
+      vx = v_pool[base + e];
+    }
+    k_reg[i] = kx;
+    v_reg[i] = vx;
+  }
 }
 
 @compute @workgroup_size(WG)
@@ -65,16 +103,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let kvh = wid.y;
   let last = min(rows_total, first + ROWS) - 1u;
   let limit = p.pos0 + last / p.group + 1u; // keys [0, limit) serve some row here
-  let n_tiles = (limit + BLOCK - 1u) / BLOCK;
+  let n_tiles = (limit + KEYS - 1u) / KEYS;
 
-  for (var e = lid; e < ROWS * HD; e += WG) {
-    let row = first + e / HD;
-    var v = 0.0;
-    if (row < rows_total) {
-      v = q[row_offset(row, kvh) + e % HD] * p.scale_log2e;
+  fetch(0u, limit, kvh, lid);
+  for (var i = 0u; i < NQ; i++) {
+    let e = lid + i * WG;
+    if (e < ROWS * HD) {
+      let row = first + e / HD;
+      var v = 0.0;
+      if (row < rows_total) {
+        v = q[row_offset(row, kvh) + e % HD] * p.scale_log2e;
+      }
+      qs[(e / HD) * QS + e % HD] = v;
+      acc[e] = 0.0;
     }
-    qs[e] = v;
-    acc[e] = 0.0;
   }
 
   // Softmax state of row `lid` (threads lid < ROWS). Padding rows take the last real position.
@@ -82,68 +124,76 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   var m = NEG;
   var l = 0.0;
 
-  let head_base = p.layer * p.n_kv_heads + kvh;
   for (var tile = 0u; tile < n_tiles; tile++) {
-    let b = block_table[p.slot * p.max_blocks + tile];
-    let base = (b * p.n_layers * p.n_kv_heads + head_base) * BLOCK * HD;
-    // Keys at or past `limit` may be unwritten (stale or NaN): load zeros so 0 * V stays 0.
-    let valid = min(BLOCK, limit - tile * BLOCK);
-    for (var e = lid; e < BLOCK * HD; e += WG) {
-      let j = e / HD;
-      kv[(e % HD) * BLOCK + j] = select(0.0, k_pool[base + e], j < valid);
+    let key0 = tile * KEYS;
+    for (var i = 0u; i < NT; i++) {
+      let e = lid + i * WG;
+      if (e < KEYS * HD) {
+        kv[(e % HD) * KS + e / HD] = k_reg[i];
+      }
     }
     workgroupBarrier();
 
-    for (var item = lid; item < ROWS * BLOCK * PARTS; item += WG) {
-      let pair = item % (ROWS * BLOCK);
-      let part = item / (ROWS * BLOCK);
-      let qo = (pair / BLOCK) * HD;
-      let j = pair % BLOCK;
-      var s = 0.0;
-      for (var dd = part; dd < HD; dd += PARTS) {
-        s += qs[qo + dd] * kv[dd * BLOCK + j];
+    for (var i = 0u; i < NS; i++) {
+      let item = lid + i * WG;
+      if (item < ROWS * KEYS * PARTS) {
+        let pair = item % (ROWS * KEYS);
+        let part = item / (ROWS * KEYS);
+        let qo = (pair / KEYS) * QS + part * SPAN;
+        let ko = part * SPAN * KS + pair % KEYS;
+        var s = 0.0;
+        for (var x = 0u; x < SPAN; x++) {
+          s += qs[qo + x] * kv[ko + x * KS];
+        }
+        sp[item] = s;
       }
-      sp[item] = s;
     }
     workgroupBarrier();
+
+    for (var i = 0u; i < NT; i++) {
+      let e = lid + i * WG;
+      if (e < KEYS * HD) {
+        kv[e] = v_reg[i]; // the scores are done with K
+      }
+    }
+    fetch(key0 + KEYS, limit, kvh, lid);
 
     // Online softmax, one thread per row; it only touches row `lid` of part 0 of sp.
     if (lid < ROWS) {
       var mx = m;
-      for (var j = 0u; j < BLOCK; j++) {
-        var v = sp[lid * BLOCK + j];
+      for (var j = 0u; j < KEYS; j++) {
+        var v = sp[lid * KEYS + j];
         for (var part = 1u; part < PARTS; part++) {
-          v += sp[(part * ROWS + lid) * BLOCK + j];
+          v += sp[(part * ROWS + lid) * KEYS + j];
         }
-        v = select(NEG, v, tile * BLOCK + j <= my_pos); // causal mask
-        sp[lid * BLOCK + j] = v;
+        v = select(NEG, v, key0 + j <= my_pos); // causal mask
+        sp[lid * KEYS + j] = v;
         mx = max(mx, v);
       }
       let a = exp2(m - mx);
       l *= a;
-      for (var j = 0u; j < BLOCK; j++) {
-        let v = sp[lid * BLOCK + j];
+      for (var j = 0u; j < KEYS; j++) {
+        let v = sp[lid * KEYS + j];
         let pj = select(0.0, exp2(v - mx), v > NEG);
         l += pj;
-        sp[lid * BLOCK + j] = pj;
+        sp[lid * KEYS + j] = pj;
       }
       alpha[lid] = a;
       m = mx;
     }
-    // Meanwhile everyone loads V over K (the scores are done with K).
-    for (var e = lid; e < BLOCK * HD; e += WG) {
-      kv[e] = select(0.0, v_pool[base + e], e / HD < valid);
-    }
     workgroupBarrier();
 
-    for (var e = lid; e < ROWS * HD; e += WG) {
-      let r = e / HD;
-      let d = e % HD;
-      var o = acc[e] * alpha[r];
-      for (var j = 0u; j < BLOCK; j++) {
-        o += sp[r * BLOCK + j] * kv[j * HD + d];
+    for (var i = 0u; i < NQ; i++) {
+      let e = lid + i * WG;
+      if (e < ROWS * HD) {
+        let r = e / HD;
+        let d = e % HD;
+        var o = acc[e] * alpha[r];
+        for (var j = 0u; j < KEYS; j++) {
+          o += sp[r * KEYS + j] * kv[j * HD + d];
+        }
+        acc[e] = o;
       }
-      acc[e] = o;
     }
     workgroupBarrier(); // the next tile overwrites kv, sp and alpha
   }
@@ -152,9 +202,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     alpha[lid] = 1.0 / l; // every real row saw key 0, so l >= 1
   }
   workgroupBarrier();
-  for (var e = lid; e < ROWS * HD; e += WG) {
+  for (var i = 0u; i < NQ; i++) {
+    let e = lid + i * WG;
     let row = first + e / HD;
-    if (row < rows_total) {
+    if (e < ROWS * HD && row < rows_total) {
       out[row_offset(row, kvh) + e % HD] = acc[e] * alpha[e / HD];
     }
   }

@@ -4,24 +4,30 @@
 // `main`: a workgroup per (split c, kv head x row group, slot s) takes keys
 // [c * split, (c + 1) * split) (the last split also takes everything past the end, so no key
 // is ever dropped) for ROWS of the G q heads that share the kv head, with the same tile loop as
-// attention.wgsl, and writes the unnormalised partial (m, l, acc[D]) to
-// scratch[s, h, c, 0 .. D + 2] (m in base 2). Splits that start past seq_len do nothing: the
-// combine reads only the splits that hold keys.
+// attention.wgsl (registers prefetch the next tile), and writes the unnormalised partial
+// (m, l, acc[D]) to scratch[s, h, c, 0 .. D + 2] (m in base 2). Splits that start past seq_len
+// do nothing: the combine reads only the splits that hold keys.
 // `combine`: one thread per output element merges the valid splits of its (slot, head):
 // out = sum_c acc_c 2^(m_c - M) / sum_c l_c 2^(m_c - M). A slot with seq_len 0 gets zeros.
 
-override WG: u32 = 128u; // threads; a multiple of HD
+override WG: u32 = 128u; // threads, >= ROWS
 override HD: u32 = 64u; // head_dim
-override ROWS: u32 = 8u; // q heads per workgroup, <= WG and <= ACC_MAX * RPP
-override PARTS: u32 = 1u; // threads per score (max(1, WG / (ROWS * 16)))
+override ROWS: u32 = 8u; // q heads per workgroup
+override KEYS: u32 = 16u; // keys per tile: 16, 8, 4, 2 or 1 (a tile never straddles blocks)
+override PARTS: u32 = 1u; // threads per score, divides HD, <= WG / (ROWS * KEYS)
+override NSPLIT: u32 = 1u; // splits per (slot, head): fixed at build time from maxContext
 override CWG: u32 = 64u; // threads of `combine`
 
 const BLOCK: u32 = 16u;
-const ACC_MAX: u32 = 32u;
 const NEG: f32 = -1e30;
+const NT_MAX: u32 = 32u;
 
-override RPP: u32 = WG / HD;
-override NACC: u32 = (ROWS + RPP - 1u) / RPP;
+override QS: u32 = HD + 1u;
+override KS: u32 = KEYS + 1u;
+override SPAN: u32 = HD / PARTS;
+override NQ: u32 = (ROWS * HD + WG - 1u) / WG;
+override NS: u32 = (ROWS * KEYS * PARTS + WG - 1u) / WG;
+override NT: u32 = (KEYS * HD + WG - 1u) / WG;
 
 struct Params {
   seqs: u32,
@@ -33,7 +39,6 @@ struct Params {
   n_layers: u32,
   max_blocks: u32,
   split: u32, // keys per split, a multiple of 16
-  n_splits: u32,
   scale_log2e: f32,
   combine_groups_x: u32, // `combine` workgroups along x (its grid may be split over x and y)
 }
@@ -47,12 +52,44 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> scratch: array<f32>;
 @group(0) @binding(7) var<storage, read_write> out: array<f32>;
 
-var<workgroup> qs: array<f32, ROWS * HD>;
-var<workgroup> kt: array<f32, HD * BLOCK>;
-var<workgroup> vs: array<f32, BLOCK * HD>;
-var<workgroup> sp: array<f32, ROWS * BLOCK * PARTS>;
+var<workgroup> qs: array<f32, ROWS * QS>; // [r][d], pre-scaled
+var<workgroup> kv: array<f32, HD * KS>; // K tile [d][j], then V tile [j][d]
+var<workgroup> sp: array<f32, ROWS * KEYS * PARTS>; // score partials [part][r][j], then P [r][j]
+var<workgroup> acc: array<f32, ROWS * HD>; // unnormalised output [r][d]
 var<workgroup> alpha: array<f32, ROWS>;
 var<workgroup> len_shared: u32;
+
+var<private> k_reg: array<f32, NT_MAX>;
+var<private> v_reg: array<f32, NT_MAX>;
+
+// Element offset of the partial of (slot s, q head h, split c) in scratch.
+fn partial_offset(s: u32, h: u32, c: u32) -> u32 {
+  return ((s * p.n_heads + h) * NSPLIT + c) * (HD + 2u);
+}
+
+// Fetches keys [key0, key0 + KEYS) of slot s, kv head kvh into k_reg / v_reg; keys at or past
+// `end` (possibly unwritten: stale or NaN) become zeros.
+fn fetch(s: u32, key0: u32, end: u32, kvh: u32, lid: u32) {
+  var valid = 0u;
+  var base = 0u;
+  if (key0 < end) {
+    valid = min(KEYS, end - key0);
+    let b = block_table[s * p.max_blocks + key0 / BLOCK];
+    let head = (b * p.n_layers + p.layer) * p.n_kv_heads + kvh;
+    base = (head * BLOCK + key0 % BLOCK) * HD;
+  }
+  for (var i = 0u; i < NT; i++) {
+    let e = lid + i * WG;
+    var kx = 0.0;
+    var vx = 0.0;
+    if (e < KEYS * HD && e / HD < valid) {
+      kx = k_pool[base + e];
+      vx = v_pool[base + e];
+    }
+    k_reg[i] = kx;
+    v_reg[i] = vx;
+  }
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -68,107 +105,106 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (k0 >= len) {
     return;
   }
-  let k_end = select(min(len, k0 + p.split), len, c + 1u == p.n_splits);
+  let k_end = select(min(len, k0 + p.split), len, c + 1u == NSPLIT);
 
-  for (var e = lid; e < ROWS * HD; e += WG) {
-    let g = g0 + e / HD;
-    var v = 0.0;
-    if (g < p.group) {
-      v = q[(s * p.n_heads + kvh * p.group + g) * HD + e % HD] * p.scale_log2e;
+  fetch(s, k0, k_end, kvh, lid);
+  for (var i = 0u; i < NQ; i++) {
+    let e = lid + i * WG;
+    if (e < ROWS * HD) {
+      let g = g0 + e / HD;
+      var v = 0.0;
+      if (g < p.group) {
+        v = q[(s * p.n_heads + kvh * p.group + g) * HD + e % HD] * p.scale_log2e;
+      }
+      qs[(e / HD) * QS + e % HD] = v;
+      acc[e] = 0.0;
     }
-    qs[e] = v;
   }
 
   var m = NEG;
   var l = 0.0;
-  let d = lid % HD;
-  let r0 = lid / HD;
-  var acc: array<f32, ACC_MAX>;
-
-  let head_base = p.layer * p.n_kv_heads + kvh;
-  for (var tile = k0 / BLOCK; tile * BLOCK < k_end; tile++) {
-    let b = block_table[s * p.max_blocks + tile];
-    let base = (b * p.n_layers * p.n_kv_heads + head_base) * BLOCK * HD;
-    let valid = min(BLOCK, k_end - tile * BLOCK);
-    for (var e = lid; e < BLOCK * HD; e += WG) {
-      let j = e / HD;
-      // Rows past the sequence may be unwritten (stale or NaN): zeros keep 0 * V finite.
-      var kv = 0.0;
-      var vv = 0.0;
-      if (j < valid) {
-        kv = k_pool[base + e];
-        vv = v_pool[base + e];
+  for (var key0 = k0; key0 < k_end; key0 += KEYS) {
+    let valid = min(KEYS, k_end - key0);
+    for (var i = 0u; i < NT; i++) {
+      let e = lid + i * WG;
+      if (e < KEYS * HD) {
+        kv[(e % HD) * KS + e / HD] = k_reg[i];
       }
-      kt[(e % HD) * BLOCK + j] = kv;
-      vs[e] = vv;
     }
     workgroupBarrier();
 
-    for (var item = lid; item < ROWS * BLOCK * PARTS; item += WG) {
-      let pair = item % (ROWS * BLOCK);
-      let part = item / (ROWS * BLOCK);
-      let qo = (pair / BLOCK) * HD;
-      let j = pair % BLOCK;
-      var acc_s = 0.0;
-      for (var dd = part; dd < HD; dd += PARTS) {
-        acc_s += qs[qo + dd] * kt[dd * BLOCK + j];
+    for (var i = 0u; i < NS; i++) {
+      let item = lid + i * WG;
+      if (item < ROWS * KEYS * PARTS) {
+        let pair = item % (ROWS * KEYS);
+        let part = item / (ROWS * KEYS);
+        let qo = (pair / KEYS) * QS + part * SPAN;
+        let ko = part * SPAN * KS + pair % KEYS;
+        var dot = 0.0;
+        for (var x = 0u; x < SPAN; x++) {
+          dot += qs[qo + x] * kv[ko + x * KS];
+        }
+        sp[item] = dot;
       }
-      sp[item] = acc_s;
     }
     workgroupBarrier();
+
+    for (var i = 0u; i < NT; i++) {
+      let e = lid + i * WG;
+      if (e < KEYS * HD) {
+        kv[e] = v_reg[i];
+      }
+    }
+    fetch(s, key0 + KEYS, k_end, kvh, lid);
 
     if (lid < ROWS) {
-      var sc: array<f32, BLOCK>;
       var mx = m;
-      for (var j = 0u; j < BLOCK; j++) {
-        var v = 0.0;
-        for (var part = 0u; part < PARTS; part++) {
-          v += sp[(part * ROWS + lid) * BLOCK + j];
+      for (var j = 0u; j < KEYS; j++) {
+        var v = sp[lid * KEYS + j];
+        for (var part = 1u; part < PARTS; part++) {
+          v += sp[(part * ROWS + lid) * KEYS + j];
         }
-        sc[j] = select(NEG, v, j < valid);
-        mx = max(mx, sc[j]);
+        v = select(NEG, v, j < valid);
+        sp[lid * KEYS + j] = v;
+        mx = max(mx, v);
       }
       let a = exp2(m - mx);
       l *= a;
-      for (var j = 0u; j < BLOCK; j++) {
-        let pj = select(0.0, exp2(sc[j] - mx), j < valid);
+      for (var j = 0u; j < KEYS; j++) {
+        let pj = select(0.0, exp2(sp[lid * KEYS + j] - mx), j < valid);
         l += pj;
-        sp[lid * BLOCK + j] = pj;
+        sp[lid * KEYS + j] = pj;
       }
       alpha[lid] = a;
       m = mx;
     }
     workgroupBarrier();
 
-    for (var i = 0u; i < NACC; i++) {
-      let r = r0 + i * RPP;
-      if (r < ROWS) {
-        acc[i] *= alpha[r];
-      }
-    }
-    for (var j = 0u; j < BLOCK; j++) {
-      let v = vs[j * HD + d];
-      for (var i = 0u; i < NACC; i++) {
-        let r = r0 + i * RPP;
-        if (r < ROWS) {
-          acc[i] += sp[r * BLOCK + j] * v;
+    for (var i = 0u; i < NQ; i++) {
+      let e = lid + i * WG;
+      if (e < ROWS * HD) {
+        let r = e / HD;
+        let d = e % HD;
+        var o = acc[e] * alpha[r];
+        for (var j = 0u; j < KEYS; j++) {
+          o += sp[r * KEYS + j] * kv[j * HD + d];
         }
+        acc[e] = o;
       }
     }
     workgroupBarrier();
   }
 
-  let stride = HD + 2u;
   if (lid < ROWS && g0 + lid < p.group) {
-    let o = ((s * p.n_heads + kvh * p.group + g0 + lid) * p.n_splits + c) * stride;
+    let o = partial_offset(s, kvh * p.group + g0 + lid, c);
     scratch[o] = m;
     scratch[o + 1u] = l;
   }
-  for (var i = 0u; i < NACC; i++) {
-    let r = r0 + i * RPP;
-    if (r < ROWS && g0 + r < p.group) {
-      let o = ((s * p.n_heads + kvh * p.group + g0 + r) * p.n_splits + c) * stride;
-      scratch[o + 2u + d] = acc[i];
+  for (var i = 0u; i < NQ; i++) {
+    let e = lid + i * WG;
+    let g = g0 + e / HD;
+    if (e < ROWS * HD && g < p.group) {
+      scratch[partial_offset(s, kvh * p.group + g, c) + 2u + e % HD] = acc[e];
     }
   }
 }
@@ -182,19 +218,24 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
   let d = idx % HD;
   let sh = idx / HD; // s * n_heads + h
   let len = seq_len[sh / p.n_heads];
-  let n = min(p.n_splits, (len + p.split - 1u) / p.split);
-  let stride = HD + 2u;
-  let base = sh * p.n_splits * stride;
+  let n = min(NSPLIT, (len + p.split - 1u) / p.split);
+  let base = partial_offset(sh / p.n_heads, sh % p.n_heads, 0u);
+  // Constant trip counts (NSPLIT) let the compiler keep several splits' loads in flight.
   var mx = NEG;
-  for (var c = 0u; c < n; c++) {
-    mx = max(mx, scratch[base + c * stride]);
+  for (var c = 0u; c < NSPLIT; c++) {
+    if (c < n) {
+      mx = max(mx, scratch[base + c * (HD + 2u)]);
+    }
   }
   var l = 0.0;
   var o = 0.0;
-  for (var c = 0u; c < n; c++) {
-    let w = exp2(scratch[base + c * stride] - mx);
-    l += scratch[base + c * stride + 1u] * w;
-    o += scratch[base + c * stride + 2u + d] * w;
+  for (var c = 0u; c < NSPLIT; c++) {
+    if (c < n) {
+      let at = base + c * (HD + 2u);
+      let w = exp2(scratch[at] - mx);
+      l += scratch[at + 1u] * w;
+      o += scratch[at + 2u + d] * w;
+    }
   }
   out[idx] = select(0.0, o / l, n > 0u);
 }

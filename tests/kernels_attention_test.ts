@@ -130,11 +130,14 @@ interface PrefillCase {
   pos0: number;
   scale?: number;
   tokenOffset?: number;
+  /** Forces small tiles (fewer keys per tile than a block), as on GL. */
+  maxTileBytes?: number;
 }
 
 for (
   const c of [
     { nHeads: 8, nKvHeads: 2, headDim: 64, tokens: 40, pos0: 0 },
+    { nHeads: 8, nKvHeads: 2, headDim: 64, tokens: 40, pos0: 5, maxTileBytes: 2560 },
     { nHeads: 8, nKvHeads: 2, headDim: 64, tokens: 1, pos0: 0 },
     { nHeads: 4, nKvHeads: 1, headDim: 128, tokens: 7, pos0: 21, tokenOffset: 3 },
     { nHeads: 3, nKvHeads: 3, headDim: 24, tokens: 1, pos0: 37, scale: 0.3 },
@@ -144,7 +147,9 @@ for (
 ) {
   const { nHeads, nKvHeads, headDim: D, tokens: T, pos0 } = c;
   const name = `attention prefill ${nHeads}/${nKvHeads}x${D} T=${T} pos0=${pos0}`;
-  Deno.test(name + (c.tokenOffset ? ` offset ${c.tokenOffset}` : ""), async () => {
+  const extra = (c.tokenOffset ? ` offset ${c.tokenOffset}` : "") +
+    (c.maxTileBytes ? ` tile <= ${c.maxTileBytes} B` : "");
+  Deno.test(name + extra, async () => {
     const gpu = await testGpu();
     const r = rng(7 * T + D);
     const nLayers = 2, layer = 1, slot = 1, len = pos0 + T;
@@ -166,6 +171,7 @@ for (
       ...opts,
       scale: c.scale,
       tokenOffset: c.tokenOffset,
+      maxTileBytes: c.maxTileBytes,
     });
     await run(gpu, [d]);
     const qPos = Array.from({ length: T }, (_, i) => pos0 + i);
@@ -190,6 +196,7 @@ interface DecodeCase {
   maxContext: number;
   splitSize?: number;
   ownScratch?: boolean;
+  maxTileBytes?: number;
 }
 
 for (
@@ -201,6 +208,15 @@ for (
       seqLens: [1, 17, 130, 0],
       maxContext: 160,
       splitSize: 32,
+    },
+    {
+      nHeads: 8,
+      nKvHeads: 2,
+      headDim: 64,
+      seqLens: [1, 17, 130, 0],
+      maxContext: 160,
+      splitSize: 32,
+      maxTileBytes: 2560,
     },
     { nHeads: 4, nKvHeads: 4, headDim: 128, seqLens: [130, 1, 17], maxContext: 200 },
     // maxContext 40 with splits of 16: the 50-token slot runs past it (the last split takes it).
@@ -217,7 +233,8 @@ for (
 ) {
   const { nHeads, nKvHeads, headDim: D, seqLens } = c;
   const S = seqLens.length;
-  Deno.test(`attention decode ${nHeads}/${nKvHeads}x${D} lens ${seqLens}`, async () => {
+  const extra = c.maxTileBytes ? ` tile <= ${c.maxTileBytes} B` : "";
+  Deno.test(`attention decode ${nHeads}/${nKvHeads}x${D} lens ${seqLens}${extra}`, async () => {
     const gpu = await testGpu();
     const r = rng(5 + D);
     const nLayers = 2, layer = 0;
@@ -237,6 +254,7 @@ for (
       maxBlocks,
       maxContext: c.maxContext,
       splitSize: c.splitSize,
+      maxTileBytes: c.maxTileBytes,
     };
     const scratch = c.ownScratch
       ? createStorage(gpu, attentionDecodeScratchBytes(shape))
@@ -357,12 +375,20 @@ Deno.test("rope_kv -> prefill attention -> decode attention, end to end", async 
   );
 });
 
-Deno.test("attention tile fits the device and the accumulator budget", async () => {
+Deno.test("attention tile: whole blocks and many rows on GPUs, small tiles on GL", async () => {
   const gpu = await testGpu();
-  for (const headDim of [24, 64, 128]) {
-    const t = attentionTile(gpu, { headDim, wantRows: 1024 });
-    console.log(`headDim ${headDim}: ${JSON.stringify(t)}`);
-    assert.ok(t.bytes <= gpu.maxWorkgroupStorage && t.wg % headDim === 0);
-    assert.ok(t.rows * headDim <= 32 * t.wg && t.rows <= t.wg);
-  }
+  const tile = (headDim: number, maxBytes: number, wantRows = 1024) => {
+    const t = attentionTile(gpu, { headDim, wantRows, maxBytes });
+    const threadsFit = t.parts === 1 || t.rows * t.keys * t.parts <= t.wg;
+    assert.ok(t.bytes <= maxBytes && threadsFit && t.rows <= t.wg, JSON.stringify(t));
+    return `${t.rows}x${t.keys}`;
+  };
+  // rows x keys for head dims 24, 64, 128 under 32 KiB (llvmpipe), 48 KiB (H200), 2.5 KiB (GL).
+  assert.deepEqual([24, 64, 128].map((d) => tile(d, 32768)), ["64x16", "32x16", "16x16"]);
+  assert.deepEqual([24, 64, 128].map((d) => tile(d, 49152)), ["64x16", "64x16", "32x16"]);
+  assert.deepEqual([24, 64, 128].map((d) => tile(d, 2560)), ["2x16", "1x4", "1x1"]);
+  assert.equal(tile(64, 49152, 5), "5x16");
+  const here = attentionTile(gpu, { headDim: 128, wantRows: 1024 });
+  console.log(`headDim 128 on this adapter: ${JSON.stringify(here)}`);
+  assert.throws(() => attentionTile(gpu, { headDim: 4096, wantRows: 1 }), /workgroup memory/);
 });

@@ -14,7 +14,6 @@ import { type Dispatch } from "../kernels/dispatch.ts";
 import { embeddingDispatch } from "../kernels/embedding.ts";
 import { rmsnormDispatch } from "../kernels/rmsnorm.ts";
 import { matmulDispatch } from "../kernels/matmul.ts";
-import { siluMulDispatch } from "../kernels/elementwise.ts";
 import { ropeKvDispatch } from "../kernels/rope_kv.ts";
 import { attentionDispatch } from "../kernels/attention.ts";
 import { attentionDecodeDispatches } from "../kernels/attention_decode.ts";
@@ -58,11 +57,9 @@ export class Decoder {
   readonly eosCount: number;
   // Scratch, all f32 unless noted; T = maxChunk rows.
   readonly #x: GPUBuffer; // [T, H] residual stream
-  readonly #h: GPUBuffer; // [T, H] normed
   readonly #qkv: GPUBuffer; // [T, (Hq + 2 Hkv) D]
   readonly #q: GPUBuffer; // [T, Hq, D] rotated queries
   readonly #attn: GPUBuffer; // [T, Hq, D]
-  readonly #gu: GPUBuffer; // [T, 2F]
   readonly #act: GPUBuffer; // [T, F]
   readonly #last: GPUBuffer; // [S, H] normed rows that get logits
   readonly #logits: GPUBuffer; // [S, V]
@@ -111,11 +108,9 @@ export class Decoder {
     this.topRing = buf(opts.regions * opts.maxSteps * this.topStride(), "top_ring");
     const qkvCols = (nHeads + 2 * nKvHeads) * D;
     this.#x = buf(T * H * 4, "x");
-    this.#h = buf(T * H * 4, "h");
     this.#qkv = buf(T * qkvCols * 4, "qkv");
     this.#q = buf(T * nHeads * D * 4, "q");
     this.#attn = buf(T * nHeads * D * 4, "attn");
-    this.#gu = buf(T * 2 * F * 4, "gate_up");
     this.#act = buf(T * F * 4, "act");
     this.#last = buf(S * H * 4, "last");
     this.#logits = buf(S * V * 4, "logits");
@@ -144,13 +139,18 @@ export class Decoder {
     attention: (layer: number) => Dispatch[],
   ): Dispatch[] {
     const { gpu, cfg, w } = this;
-    const x = this.#x, h = this.#h;
-    const eps = cfg.rmsEps, H = cfg.hiddenSize, F = cfg.intermediateSize;
+    const x = this.#x, eps = cfg.rmsEps;
     const out: Dispatch[] = [];
     w.layers.forEach((L, l) => {
-      // Attention block: h = norm(x); qkv = h·Wqkvᵀ (+b); RoPE, KV write; attend; x += o·Woᵀ
-      out.push(rmsnormDispatch(gpu, { x, weight: L.attnNorm, out: h }, { count: m, cols: H, eps }));
-      out.push(matmulDispatch(gpu, { x: h, w: L.qkv, y: this.#qkv, bias: L.qkvBias }, { m }));
+      // Attention block: qkv = norm(x)·Wqkvᵀ (+b), the RMSNorm folded into the matmul; RoPE, KV
+      // write; attend; x += o·Woᵀ
+      out.push(matmulDispatch(gpu, {
+        x,
+        w: L.qkv,
+        y: this.#qkv,
+        bias: L.qkvBias,
+        normWeight: L.attnNorm,
+      }, { m, eps }));
       out.push(ropeKvDispatch(gpu, {
         qkv: this.#qkv,
         q: this.#q,
@@ -166,10 +166,13 @@ export class Decoder {
         m,
         accumulate: true,
       }));
-      // MLP block: h = norm(x); gu = h·[Wg;Wu]ᵀ; act = silu(g)·u; x += act·Wdᵀ
-      out.push(rmsnormDispatch(gpu, { x, weight: L.mlpNorm, out: h }, { count: m, cols: H, eps }));
-      out.push(matmulDispatch(gpu, { x: h, w: L.gateUp, y: this.#gu }, { m }));
-      out.push(siluMulDispatch(gpu, { gateUp: this.#gu, out: this.#act }, { m, f: F }));
+      // MLP block: act = silu(norm(x)·Wgᵀ) ⊙ norm(x)·Wuᵀ in one matmul (gate/up rows
+      // interleaved); x += act·Wdᵀ
+      out.push(matmulDispatch(gpu, { x, w: L.gateUp, y: this.#act, normWeight: L.mlpNorm }, {
+        m,
+        eps,
+        swiglu: true,
+      }));
       out.push(matmulDispatch(gpu, { x: this.#act, w: L.down, y: x }, { m, accumulate: true }));
     });
     return out;

@@ -1,7 +1,8 @@
 /**
  * Uploads a model folder's tensors to the GPU, one tensor at a time (the file is never held
- * twice). 16-bit weights stay 16-bit; q/k/v and gate/up are concatenated into one matrix each so
- * one matmul computes them. Norm weights and biases become f32.
+ * twice). 16-bit weights stay 16-bit; q/k/v are concatenated into one matrix and gate/up are
+ * interleaved into one (kernels/matmul.ts `interleaveGateUp`) so one matmul computes each. Norm
+ * weights and biases become f32.
  */
 import type { Gpu } from "./gpu.ts";
 import { createStorage, writeBuffer } from "./gpu.ts";
@@ -9,7 +10,7 @@ import { BYTES, decode, type DType, encode } from "./dtype.ts";
 import type { ModelConfig } from "./config.ts";
 import type { ModelFolder } from "./model_folder.ts";
 import { readTensor, type TensorInfo } from "./safetensors.ts";
-import type { WeightBuffer } from "../kernels/matmul.ts";
+import { interleaveGateUp, type WeightBuffer } from "../kernels/matmul.ts";
 import { Progress } from "./progress.ts";
 
 /** One decoder layer on the GPU. */
@@ -20,7 +21,7 @@ export interface LayerWeights {
   o: WeightBuffer; // [H, Hq D]
   oBias?: GPUBuffer; // f32 [H] (Llama with attention_bias)
   mlpNorm: GPUBuffer; // f32 [H]
-  gateUp: WeightBuffer; // [2F, H]: gate rows, then up rows
+  gateUp: WeightBuffer; // [2F, H]: gate/up rows interleaved (interleaveGateUp, SWIGLU_BLOCK)
   down: WeightBuffer; // [H, F]
 }
 
@@ -59,17 +60,21 @@ export async function uploadWeights(
   const progress = new Progress(options.label ?? `loading ${folder.id}`, folder.totalBytes);
   let bytes = 0;
 
+  const fitBinding = (size: number, label: string) => {
+    if (size > gpu.maxBinding) {
+      throw new Error(
+        `${label} needs ${size} bytes in one binding; this adapter allows ${gpu.maxBinding}`,
+      );
+    }
+  };
+
   /** Concatenates row-major tensors (same cols) into one weight buffer of `dtype`. */
   const matrix = async (names: string[], label: string): Promise<WeightBuffer> => {
     const infos = names.map(get);
     const cols = infos[0].shape[1];
     const rows = infos.reduce((n, t) => n + t.shape[0], 0);
     const size = rows * cols * BYTES[dtype];
-    if (size > gpu.maxBinding) {
-      throw new Error(
-        `${label} needs ${size} bytes in one binding; this adapter allows ${gpu.maxBinding}`,
-      );
-    }
+    fitBinding(size, label);
     const buffer = createStorage(gpu, size, undefined, label);
     let offset = 0;
     for (const t of infos) {
@@ -85,6 +90,27 @@ export async function uploadWeights(
     }
     bytes += size;
     return { buffer, dtype, rows, cols };
+  };
+
+  /** The MLP's gate and up projections (`[F, H]` each) interleaved into one `[2F, H]` buffer. */
+  const gateUp = async (prefix: string, label: string): Promise<WeightBuffer> => {
+    const gate = get(`${prefix}.gate_proj.weight`), up = get(`${prefix}.up_proj.weight`);
+    const [rows, cols] = gate.shape;
+    if (up.shape[0] !== rows || up.shape[1] !== cols) {
+      throw new Error(`${label}: gate_proj is [${gate.shape}] but up_proj is [${up.shape}]`);
+    }
+    const size = 2 * rows * cols * BYTES[dtype];
+    fitBinding(size, label);
+    const raw = async (t: TensorInfo) => {
+      const data = await readTensor(t);
+      progress.add(t.nbytes);
+      return t.dtype === dtype ? data : encode(decode(data, t.dtype), dtype);
+    };
+    const data = interleaveGateUp(await raw(gate), await raw(up), { rows, cols, dtype });
+    const buffer = createStorage(gpu, size, undefined, label);
+    writeBuffer(gpu, buffer, 0, data);
+    bytes += size;
+    return { buffer, dtype, rows: 2 * rows, cols };
   };
 
   /** A vector (norm weight, bias) as f32; `names` are concatenated. */
@@ -119,10 +145,7 @@ export async function uploadWeights(
       o: await matrix([`${attn}.o_proj.weight`], `l${i}.o`),
       oBias: cfg.oProjBias ? await vector([`${attn}.o_proj.bias`], `l${i}.o_bias`) : undefined,
       mlpNorm: await vector([`${p}.post_attention_layernorm.weight`], `l${i}.mlp_norm`),
-      gateUp: await matrix(
-        [`${p}.mlp.gate_proj.weight`, `${p}.mlp.up_proj.weight`],
-        `l${i}.gate_up`,
-      ),
+      gateUp: await gateUp(`${p}.mlp`, `l${i}.gate_up`),
       down: await matrix([`${p}.mlp.down_proj.weight`], `l${i}.down`),
     });
   }

@@ -10,11 +10,21 @@
 // Sizes are kept small for llvmpipe, where the CPU tests run: naga's GL backend zero-fills
 // workgroup arrays with one constructor term per element, and compile time there grows steeply
 // with array length and workgroup size.
+//
+// Optional fusions (override constants):
+// - NORM: y = (x / rms(x) * nw) . W^T. The loaders scale x by nw as they stage it and sum x^2
+//   as they go (each element of the x tile is loaded by one thread); after the K loop the four
+//   partial sums of each row meet in workgroup memory and 1 / rms scales the accumulators.
+// - SWIGLU: W is gate/up interleaved in blocks of p.block rows (see w_row). The tile's columns
+//   alternate gate, up of consecutive outputs (the loaders map them to rows of W), so each
+//   thread's four columns are two whole pairs and y[m, n] = silu(gate) * up needs no exchange.
 
 override WDTYPE: u32 = 1u; // 0 = f32, 1 = f16, 2 = bf16
 override BK: u32 = 8u; // k per step, a multiple of 8
 // 16-bit W with K even: rows start on a word, so a thread's pairs of k are single u32 loads.
 override PAIRS: bool = false;
+override NORM: bool = false; // fold RMSNorm(x) * nw into the product
+override SWIGLU: bool = false; // W is gate/up interleaved; y = silu(gate) * up
 
 const BM: u32 = 64u; // tile rows (m)
 const BN: u32 = 64u; // tile columns (n)
@@ -22,7 +32,7 @@ const WG: u32 = 256u;
 
 struct Params {
   m: u32,
-  n: u32,
+  n: u32, // columns of y (F with SWIGLU)
   k: u32,
   groups_x: u32, // workgroups along x (the grid may be split over x and y)
   y_stride: u32, // elements between rows of y
@@ -30,13 +40,16 @@ struct Params {
   // Bit 0: add bias[n]. Bit 1: y += result (the residual add, fused). Uniform flags rather
   // than overrides: one pipeline serves every projection of a shape.
   flags: u32,
+  eps: f32, // RMSNorm epsilon (NORM)
+  block: u32, // gate/up rows per block of the interleaved W (SWIGLU)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<u32>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>; // per row of W
+@group(0) @binding(4) var<storage, read> nw: array<f32>; // RMSNorm weights [K] (NORM)
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
 var<workgroup> xt: array<vec4<f32>, BK * BM / 4u>; // [k][m / 4]
 var<workgroup> wt: array<vec4<f32>, BK * BN / 4u>; // [k][n / 4]
@@ -59,30 +72,73 @@ fn weight_at(i: u32) -> f32 {
   return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
 }
 
-fn store(m: u32, n0: u32, v: vec4<f32>) {
+// Row of W holding the gate (half 0) or up (half 1) weights of output n: blocks of p.block
+// gate rows, then the matching p.block up rows; the last block may be partial (F % p.block).
+fn w_row(n: u32, half: u32) -> u32 {
+  if (!SWIGLU) {
+    return n;
+  }
+  let b0 = n - n % p.block; // first output of n's block
+  return 2u * b0 + half * min(p.block, p.n - b0) + (n - b0);
+}
+
+// Columns of the product: N, or 2F with SWIGLU (gate, up of output c / 2 at c even, odd).
+fn cols() -> u32 {
+  return select(p.n, 2u * p.n, SWIGLU);
+}
+
+// Row of W behind column c of the product.
+fn col_row(c: u32) -> u32 {
+  if (SWIGLU) {
+    return w_row(c / 2u, c % 2u);
+  }
+  return c;
+}
+
+// Writes y[m, n] from the sum `a` (the gate's with SWIGLU) and `b` (the up's with SWIGLU).
+fn store1(m: u32, n: u32, a: f32, b: f32) {
+  if (n >= p.n) {
+    return;
+  }
+  var r = a;
+  if (SWIGLU) {
+    var g = a;
+    var u = b;
+    if ((p.flags & 1u) != 0u) {
+      g += bias[w_row(n, 0u)];
+      u += bias[w_row(n, 1u)];
+    }
+    // silu(g) = g * sigmoid(g); exp(-g) overflows to inf for g << 0, giving -0, the right limit.
+    r = g / (1.0 + exp(-g)) * u;
+  } else if ((p.flags & 1u) != 0u) {
+    r += bias[n];
+  }
+  let o = p.y_offset + m * p.y_stride + n;
+  if ((p.flags & 2u) != 0u) {
+    r += y[o];
+  }
+  y[o] = r;
+}
+
+// Writes row m of the thread's 4 product columns c0.. (c0 a multiple of 4).
+fn store(m: u32, c0: u32, v: vec4<f32>) {
   if (m >= p.m) {
     return;
   }
+  if (SWIGLU) {
+    store1(m, c0 / 2u, v.x, v.y);
+    store1(m, c0 / 2u + 1u, v.z, v.w);
+    return;
+  }
   for (var c = 0u; c < 4u; c++) {
-    let n = n0 + c;
-    if (n < p.n) {
-      var r = v[c];
-      if ((p.flags & 1u) != 0u) {
-        r += bias[n];
-      }
-      let o = p.y_offset + m * p.y_stride + n;
-      if ((p.flags & 2u) != 0u) {
-        r += y[o];
-      }
-      y[o] = r;
-    }
+    store1(m, c0 + c, v[c], 0.0);
   }
 }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   // Workgroups are laid out [tile_m][tile_n]: neighbours share the x tile and walk W.
-  let tiles_n = (p.n + BN - 1u) / BN;
+  let tiles_n = (cols() + BN - 1u) / BN;
   let g = wid.y * p.groups_x + wid.x;
   let m0 = (g / tiles_n) * BM;
   let n0 = (g % tiles_n) * BN;
@@ -94,12 +150,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let lr = lid / (BK / lk); // tile row 0..63
   let lk0 = (lid % (BK / lk)) * lk; // its first k in the step
   let xm = m0 + lr;
-  let wn = n0 + lr;
+  let wn = n0 + lr; // column of the product
+  let wrow = col_row(min(wn, cols() - 1u)); // its row of W (used when wn < cols())
 
   var acc0 = vec4<f32>(0.0); // row m0 + 4 ty, columns n0 + 4 tx ..
   var acc1 = vec4<f32>(0.0);
   var acc2 = vec4<f32>(0.0);
   var acc3 = vec4<f32>(0.0);
+  var ss = 0.0; // NORM: this loader's share of sum(x[xm, :]^2)
   for (var k0 = 0u; k0 < p.k; k0 += BK) {
     for (var c = 0u; c < lk; c += 2u) {
       let kt = lk0 + c;
@@ -112,15 +170,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
           xv.x = x[xm * p.k + k];
         }
       }
+      if (NORM) {
+        ss += dot(xv, xv);
+        if (k + 1u < p.k) {
+          xv *= vec2<f32>(nw[k], nw[k + 1u]);
+        } else if (k < p.k) {
+          xv.x *= nw[k];
+        }
+      }
       var wv = vec2<f32>(0.0);
-      if (wn < p.n) {
+      if (wn < cols()) {
         if (PAIRS && k + 1u < p.k) {
           // K even: elements k, k + 1 (k even) share one u32 word.
-          wv = unpack2(w[(wn * p.k + k) >> 1u]);
+          wv = unpack2(w[(wrow * p.k + k) >> 1u]);
         } else if (k + 1u < p.k) {
-          wv = vec2<f32>(weight_at(wn * p.k + k), weight_at(wn * p.k + k + 1u));
+          wv = vec2<f32>(weight_at(wrow * p.k + k), weight_at(wrow * p.k + k + 1u));
         } else if (k < p.k) {
-          wv.x = weight_at(wn * p.k + k);
+          wv.x = weight_at(wrow * p.k + k);
         }
       }
       xt[(kt * BM + lr) / 4u][lr % 4u] = xv.x;
@@ -138,6 +204,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       acc3 += a.w * b;
     }
     workgroupBarrier();
+  }
+
+  if (NORM) {
+    // Loader lid owns row lid / 4 (WG / BM = 4 loaders per row): its partial sum goes to lane
+    // lid % 4 of xt[lid / 4], so xt[r] holds the four partials of row m0 + r.
+    xt[lid / 4u][lid % 4u] = ss;
+    workgroupBarrier();
+    let one = vec4<f32>(1.0);
+    let r = 4u * ty;
+    let sums = vec4<f32>(dot(xt[r], one), dot(xt[r + 1u], one), dot(xt[r + 2u], one),
+      dot(xt[r + 3u], one));
+    let inv = inverseSqrt(sums / f32(p.k) + p.eps);
+    acc0 *= inv.x;
+    acc1 *= inv.y;
+    acc2 *= inv.z;
+    acc3 *= inv.w;
   }
 
   store(m0 + 4u * ty, n0 + 4u * tx, acc0);

@@ -4,13 +4,21 @@
 // One invocation per output element, a serial loop over K. W is [N, K] row-major in any weight
 // dtype, bound as u32 words; 16-bit rows need not start on a word (odd K), so elements are
 // addressed by their flat index.
+//
+// Optional fusions (override constants):
+// - NORM: y = (x / rms(x) * nw) . W^T. A workgroup's invocations share one row of x, so the
+//   workgroup reduces its sum of squares once and every invocation scales its sum by 1 / rms.
+// - SWIGLU: W is gate/up interleaved in blocks of p.block rows (see w_row); an invocation
+//   computes both rows of its output and writes silu(gate) * up.
 
-override WG: u32 = 64u;
+override WG: u32 = 64u; // a power of two (the tree reduction halves it)
 override WDTYPE: u32 = 1u; // 0 = f32, 1 = f16, 2 = bf16
+override NORM: bool = false; // fold RMSNorm(x) * nw into the product
+override SWIGLU: bool = false; // W is gate/up interleaved; y = silu(gate) * up
 
 struct Params {
   m: u32,
-  n: u32,
+  n: u32, // columns of y (F with SWIGLU)
   k: u32,
   groups_x: u32, // workgroups along x (the grid may be split over x and y)
   y_stride: u32, // elements between rows of y
@@ -18,13 +26,18 @@ struct Params {
   // Bit 0: add bias[n]. Bit 1: y += result (the residual add, fused). Uniform flags rather
   // than overrides: one pipeline serves every projection of a shape.
   flags: u32,
+  eps: f32, // RMSNorm epsilon (NORM)
+  block: u32, // gate/up rows per block of the interleaved W (SWIGLU)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<u32>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>; // per row of W
+@group(0) @binding(4) var<storage, read> nw: array<f32>; // RMSNorm weights [K] (NORM)
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+
+var<workgroup> red: array<f32, WG>;
 
 fn weight_at(i: u32) -> f32 {
   if (WDTYPE == 0u) {
@@ -37,6 +50,34 @@ fn weight_at(i: u32) -> f32 {
   return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
 }
 
+// Row of W holding the gate (half 0) or up (half 1) weights of output n: blocks of p.block
+// gate rows, then the matching p.block up rows; the last block may be partial (F % p.block).
+fn w_row(n: u32, half: u32) -> u32 {
+  if (!SWIGLU) {
+    return n;
+  }
+  let b0 = n - n % p.block; // first output of n's block
+  return 2u * b0 + half * min(p.block, p.n - b0) + (n - b0);
+}
+
+// 1 / rms of row m of x, reduced over the workgroup (call in uniform control flow).
+fn inv_rms(m: u32, lid: u32) -> f32 {
+  var ss = 0.0;
+  for (var k = lid; k < p.k; k += WG) {
+    let v = x[m * p.k + k];
+    ss += v * v;
+  }
+  red[lid] = ss;
+  workgroupBarrier();
+  for (var s = WG / 2u; s > 0u; s >>= 1u) {
+    if (lid < s) {
+      red[lid] += red[lid + s];
+    }
+    workgroupBarrier();
+  }
+  return inverseSqrt(red[0] / f32(p.k) + p.eps);
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   // Workgroups are laid out [m][ceil(N / WG)].
@@ -44,14 +85,40 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let g = wid.y * p.groups_x + wid.x;
   let m = g / per_row;
   let n = (g - m * per_row) * WG + lid;
-  if (m >= p.m || n >= p.n) {
+  if (m >= p.m) {
+    return; // uniform: depends on the workgroup id only
+  }
+  var inv = 1.0;
+  if (NORM) {
+    inv = inv_rms(m, lid);
+  }
+  if (n >= p.n) {
     return;
   }
+  let gate = w_row(n, 0u) * p.k;
+  let up = w_row(n, 1u) * p.k;
   var acc = 0.0;
+  var acc_up = 0.0;
   for (var k = 0u; k < p.k; k++) {
-    acc += x[m * p.k + k] * weight_at(n * p.k + k);
+    var xv = x[m * p.k + k];
+    if (NORM) {
+      xv *= nw[k];
+    }
+    acc += xv * weight_at(gate + k);
+    if (SWIGLU) {
+      acc_up += xv * weight_at(up + k);
+    }
   }
-  if ((p.flags & 1u) != 0u) {
+  acc *= inv;
+  if (SWIGLU) {
+    acc_up *= inv;
+    if ((p.flags & 1u) != 0u) {
+      acc += bias[w_row(n, 0u)];
+      acc_up += bias[w_row(n, 1u)];
+    }
+    // silu(g) = g * sigmoid(g); exp(-g) overflows to inf for g << 0, giving -0, the right limit.
+    acc = acc / (1.0 + exp(-acc)) * acc_up;
+  } else if ((p.flags & 1u) != 0u) {
     acc += bias[n];
   }
   let o = p.y_offset + m * p.y_stride + n;

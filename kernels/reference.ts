@@ -120,6 +120,57 @@ export function siluMulRef(gateUp: ArrayLike<number>, opts: SiluMulRefOptions): 
   return out;
 }
 
+/** Options for {@linkcode matmulNormRef}: {@linkcode MatmulRefOptions} plus the norm. */
+export interface MatmulNormRefOptions extends MatmulRefOptions {
+  /** `[k]` RMSNorm weights. */
+  normWeight: ArrayLike<number>;
+  eps: number;
+}
+
+/** `y = (y0 +) rmsnorm(x) · wᵀ (+ bias)`: the projection with RMSNorm folded in → `[m, n]`. */
+export function matmulNormRef(
+  x: ArrayLike<number>,
+  w: ArrayLike<number>,
+  opts: MatmulNormRefOptions,
+): Float64Array {
+  const h = rmsnormRef(x, opts.normWeight, { cols: opts.k, eps: opts.eps });
+  return matmulRef(h, w, opts);
+}
+
+/** Options for {@linkcode swigluRef}. */
+export interface SwigluRefOptions {
+  m: number;
+  /** Intermediate size F (outputs per row). */
+  f: number;
+  k: number;
+  /** `[2f]` in gateUp's row order, added before the activation. */
+  bias?: ArrayLike<number>;
+  /** `[k]` RMSNorm weights: normalise x first. */
+  normWeight?: ArrayLike<number>;
+  /** RMSNorm epsilon (with `normWeight`). */
+  eps?: number;
+  /** `[m, f]` prior contents of y: the result is added to it. */
+  y?: ArrayLike<number>;
+}
+
+/**
+ * The MLP's first half: `y[m, j] = (y0 +) silu(g[m, j]) · u[m, j]` with `g‖u = h · gateUpᵀ (+
+ * bias)`, `h = x` or `rmsnorm(x)`; `gateUp` is `[2f, k]`, gate rows then up rows (the plain
+ * Hugging Face concatenation, not the GPU's interleave) → `[m, f]`.
+ */
+export function swigluRef(
+  x: ArrayLike<number>,
+  gateUp: ArrayLike<number>,
+  opts: SwigluRefOptions,
+): Float64Array {
+  const { m, f, k } = opts;
+  const h = opts.normWeight ? rmsnormRef(x, opts.normWeight, { cols: k, eps: opts.eps ?? 0 }) : x;
+  const gu = matmulRef(h, gateUp, { m, n: 2 * f, k, bias: opts.bias });
+  const out = siluMulRef(gu, { m, f });
+  if (opts.y) { for (let i = 0; i < out.length; i++) out[i] += opts.y[i]; }
+  return out;
+}
+
 /** `out = a + b`, elementwise. */
 export function addRef(a: ArrayLike<number>, b: ArrayLike<number>): Float64Array {
   const out = new Float64Array(a.length);

@@ -1,0 +1,273 @@
+/**
+ * The matmul fusions (RMSNorm folded into the projection; SwiGLU over interleaved gate/up rows)
+ * against their float64 references on seeded random inputs, for every kernel (vec, naive, tiled)
+ * and dtype, at awkward sizes: M = 1, 3, 8, 17, 70; K odd and K % 8 == 0; F not divisible by
+ * the gate/up block. Each case names the kernel it means to exercise and asserts the wrapper
+ * picked it. Shapes repeat so cases share pipelines (each costs a shader compile on llvmpipe).
+ */
+import assert from "node:assert/strict";
+import { createStorage, readF32 } from "../engine/gpu.ts";
+import { type DType, encode } from "../engine/dtype.ts";
+import { run } from "../kernels/dispatch.ts";
+import {
+  interleaveGateUp,
+  matmulDispatch,
+  type MatmulPath,
+  matmulPath,
+  SWIGLU_BLOCK,
+  uploadWeight,
+  type WeightBuffer,
+} from "../kernels/matmul.ts";
+import { matmulNormRef, matmulRef, swigluRef, weightRef } from "../kernels/reference.ts";
+import { assertClose, rng, testGpu } from "./util.ts";
+
+type TestGpu = Awaited<ReturnType<typeof testGpu>>;
+
+const DTYPES: DType[] = ["f32", "f16", "bf16"];
+const EPS = 1e-5;
+
+/** f32 values as a buffer, and the same values widened back (what the GPU sees). */
+function f32Input(gpu: TestGpu, values: ArrayLike<number>) {
+  const f = Float32Array.from(values);
+  return { buffer: createStorage(gpu, f.byteLength, f), values: Float64Array.from(f) };
+}
+
+function concat(a: ArrayLike<number>, b: ArrayLike<number>): Float64Array {
+  const out = new Float64Array(a.length + b.length);
+  out.set(Array.from(a));
+  out.set(Array.from(b), a.length);
+  return out;
+}
+
+interface FusedCase {
+  m: number;
+  /** Columns of y: N, or F with swiglu. */
+  n: number;
+  k: number;
+  dtype: DType;
+  path: MatmulPath;
+  norm?: boolean;
+  swiglu?: boolean;
+  /** Gate/up block of the interleave (default SWIGLU_BLOCK). */
+  block?: number;
+  bias?: boolean;
+  /** Accumulate into y, written with a row stride and offset (a strided view). */
+  accumulate?: boolean;
+}
+
+/** W on the GPU (interleaved with swiglu), its reference values, and a matching bias. */
+function weights(gpu: TestGpu, c: FusedCase, r: ReturnType<typeof rng>) {
+  const { n, k, dtype } = c;
+  if (!c.swiglu) {
+    const values = r.uniform(n * k, 0.5);
+    const w = uploadWeight(gpu, values, { rows: n, cols: k, dtype });
+    const bias = c.bias ? f32Input(gpu, r.uniform(n)) : undefined;
+    return { w, ref: weightRef(values, dtype), bias: bias?.buffer, biasRef: bias?.values };
+  }
+  const gate = r.uniform(n * k, 0.5), up = r.uniform(n * k, 0.5);
+  const block = c.block ?? SWIGLU_BLOCK;
+  const bytes = interleaveGateUp(encode(gate, dtype), encode(up, dtype), {
+    rows: n,
+    cols: k,
+    dtype,
+    block,
+  });
+  const w: WeightBuffer = {
+    buffer: createStorage(gpu, bytes.byteLength, bytes),
+    dtype,
+    rows: 2 * n,
+    cols: k,
+  };
+  const ref = concat(weightRef(gate, dtype), weightRef(up, dtype));
+  if (!c.bias) return { w, ref };
+  const gb = Float64Array.from(Float32Array.from(r.uniform(n)));
+  const ub = Float64Array.from(Float32Array.from(r.uniform(n)));
+  const b = interleaveGateUp(encode(gb, "f32"), encode(ub, "f32"), {
+    rows: n,
+    cols: 1,
+    dtype: "f32",
+    block,
+  });
+  return { w, ref, bias: createStorage(gpu, b.byteLength, b), biasRef: concat(gb, ub) };
+}
+
+async function checkFused(c: FusedCase, seed: number): Promise<void> {
+  const gpu = await testGpu();
+  const r = rng(seed);
+  const { m, n, k } = c;
+  const x = f32Input(gpu, r.uniform(m * k, 2));
+  // Norm weights around 1, as in trained models, with some sign flips.
+  const nw = f32Input(gpu, Float64Array.from(r.uniform(k), (v) => (v < -0.8 ? -1 : 1) + v / 2));
+  const { w, ref, bias, biasRef } = weights(gpu, c, r);
+  const yStride = c.accumulate ? n + 3 : n;
+  const yOffset = c.accumulate ? 5 : 0;
+  const yLen = yOffset + m * yStride;
+  const y0 = f32Input(gpu, r.uniform(yLen));
+  const d = matmulDispatch(gpu, {
+    x: x.buffer,
+    w,
+    y: y0.buffer,
+    bias,
+    normWeight: c.norm ? nw.buffer : undefined,
+  }, {
+    m,
+    accumulate: c.accumulate,
+    yStride,
+    yOffset,
+    eps: c.norm ? EPS : undefined,
+    swiglu: c.swiglu,
+    swigluBlock: c.block,
+  });
+  assert.equal(matmulPath(m, w), c.path, `${d.label} picked the wrong kernel`);
+  await run(gpu, [d]);
+  const got = await readF32(gpu, y0.buffer, yLen);
+  const prior = new Float64Array(m * n);
+  const gotDense = new Float64Array(m * n);
+  for (let i = 0; i < m; i++) {
+    for (let j = 0; j < n; j++) {
+      prior[i * n + j] = y0.values[yOffset + i * yStride + j];
+      gotDense[i * n + j] = got[yOffset + i * yStride + j];
+    }
+  }
+  const y = c.accumulate ? prior : undefined;
+  const normWeight = c.norm ? nw.values : undefined;
+  const want = c.swiglu
+    ? swigluRef(x.values, ref, { m, f: n, k, bias: biasRef, normWeight, eps: EPS, y })
+    : normWeight
+    ? matmulNormRef(x.values, ref, { m, n, k, bias: biasRef, y, normWeight, eps: EPS })
+    : matmulRef(x.values, ref, { m, n, k, bias: biasRef, y });
+  assertClose(`${d.label}${c.block ? ` B=${c.block}` : ""}`, gotDense, want);
+  for (let i = 0; i < yLen; i++) {
+    const j = (i - yOffset) % yStride;
+    if (i < yOffset || j >= n) assert.equal(got[i], Math.fround(y0.values[i]), `y[${i}] clobbered`);
+  }
+}
+
+const NORM_CASES: FusedCase[] = [
+  // vec: K % 8 == 0; M = 8 takes the second group of four rows
+  ...DTYPES.map((dtype): FusedCase => ({ m: 1, n: 33, k: 64, dtype, path: "vec", norm: true })),
+  { m: 3, n: 101, k: 256, dtype: "f16", path: "vec", norm: true, bias: true, accumulate: true },
+  { m: 8, n: 33, k: 64, dtype: "f32", path: "vec", norm: true, bias: true },
+  { m: 1, n: 33, k: 1032, dtype: "bf16", path: "vec", norm: true }, // a one-unit tail
+  // naive: K odd
+  ...DTYPES.map((dtype): FusedCase => ({ m: 3, n: 101, k: 129, dtype, path: "naive", norm: true })),
+  { m: 1, n: 33, k: 37, dtype: "bf16", path: "naive", norm: true, bias: true, accumulate: true },
+  // tiled: M, N not multiples of the 64 x 64 tile (the other dtypes: the swiglu cases)
+  { m: 17, n: 33, k: 37, dtype: "f32", path: "tiled", norm: true },
+  { m: 70, n: 101, k: 256, dtype: "f16", path: "tiled", norm: true, bias: true, accumulate: true },
+];
+
+const SWIGLU_CASES: FusedCase[] = [
+  // vec
+  ...DTYPES.map((dtype): FusedCase => ({
+    m: 1,
+    n: 37,
+    k: 64,
+    dtype,
+    path: "vec",
+    swiglu: true,
+    norm: true,
+  })),
+  { m: 3, n: 37, k: 256, dtype: "bf16", path: "vec", swiglu: true, norm: true, accumulate: true },
+  { m: 8, n: 21, k: 64, dtype: "f32", path: "vec", swiglu: true, norm: true, bias: true },
+  { m: 1, n: 37, k: 64, dtype: "f16", path: "vec", swiglu: true, block: 4, bias: true },
+  // the decode shape: 64 threads per row, so two rows per workgroup (128 threads) for a pair
+  { m: 1, n: 37, k: 2048, dtype: "f16", path: "vec", swiglu: true, norm: true, bias: true },
+  // naive
+  ...DTYPES.map((dtype): FusedCase => ({
+    m: 3,
+    n: 37,
+    k: 129,
+    dtype,
+    path: "naive",
+    swiglu: true,
+    norm: true,
+  })),
+  { m: 1, n: 37, k: 37, dtype: "f16", path: "naive", swiglu: true, block: 4, accumulate: true },
+  // tiled
+  ...DTYPES.map((dtype): FusedCase => ({
+    m: 17,
+    n: 37,
+    k: 37,
+    dtype,
+    path: "tiled",
+    swiglu: true,
+    norm: true,
+  })),
+  {
+    m: 70,
+    n: 101,
+    k: 256,
+    dtype: "f16",
+    path: "tiled",
+    swiglu: true,
+    norm: true,
+    bias: true,
+    accumulate: true,
+  },
+  { m: 70, n: 37, k: 37, dtype: "bf16", path: "tiled", swiglu: true, norm: true, block: 32 },
+];
+
+Deno.test("matmul + rmsnorm: vec, naive and tiled kernels, all dtypes, bias and +=", async () => {
+  let seed = 200;
+  for (const c of NORM_CASES) await checkFused(c, seed++);
+});
+
+Deno.test("matmul swiglu: all kernels and dtypes, with norm, bias, += and partial blocks", async () => {
+  let seed = 300;
+  for (const c of SWIGLU_CASES) await checkFused(c, seed++);
+});
+
+Deno.test("interleaveGateUp: blocks of rows, a partial last block, odd 16-bit rows", () => {
+  // bf16, F = 5, K = 3 (rows of 6 bytes, not word-aligned), block 2: g0 g1 u0 u1 g2 g3 u2 u3 g4 u4
+  const rows = 5, cols = 3;
+  const gate = Uint8Array.from({ length: rows * cols * 2 }, (_, i) => i);
+  const up = Uint8Array.from({ length: rows * cols * 2 }, (_, i) => 100 + i);
+  const out = interleaveGateUp(gate, up, { rows, cols, dtype: "bf16", block: 2 });
+  assert.equal(out.byteLength, 60);
+  const row = (src: Uint8Array, r: number) => Array.from(src.subarray(r * 6, r * 6 + 6));
+  const want = [
+    ...[0, 1].map((r) => row(gate, r)),
+    ...[0, 1].map((r) => row(up, r)),
+    ...[2, 3].map((r) => row(gate, r)),
+    ...[2, 3].map((r) => row(up, r)),
+    row(gate, 4),
+    row(up, 4),
+  ].flat();
+  assert.deepEqual(Array.from(out), want);
+  // Block 1 (the default) alternates rows; odd element counts are padded to 4 bytes.
+  const one = interleaveGateUp(gate.subarray(0, 6), up.subarray(0, 6), {
+    rows: 1,
+    cols: 3,
+    dtype: "f16",
+  });
+  assert.deepEqual(Array.from(one), [...row(gate, 0), ...row(up, 0)]);
+  assert.throws(
+    () => interleaveGateUp(gate, up.subarray(2), { rows, cols, dtype: "bf16" }),
+    /need 30 bytes each; got 30 and 28/,
+  );
+});
+
+Deno.test("matmul fusions: refuse what they cannot serve, with the sizes in the message", async () => {
+  const gpu = await testGpu();
+  const w = uploadWeight(gpu, new Float64Array(33 * 64), { rows: 33, cols: 64, dtype: "f16" });
+  const x = createStorage(gpu, 64 * 4);
+  const y = createStorage(gpu, 33 * 4);
+  const nw = createStorage(gpu, 64 * 4);
+  assert.throws(() => matmulDispatch(gpu, { x, w, y, normWeight: nw }, { m: 1 }), /needs eps/);
+  assert.throws(
+    () => matmulDispatch(gpu, { x, w, y, normWeight: createStorage(gpu, 16) }, { m: 1, eps: EPS }),
+    /normWeight holds 16 bytes; needs 256/,
+  );
+  assert.throws(() => matmulDispatch(gpu, { x, w, y }, { m: 1, swiglu: true }), /W has 33/);
+  const gu = uploadWeight(gpu, new Float64Array(34 * 64), { rows: 34, cols: 64, dtype: "f16" });
+  assert.throws(
+    () => matmulDispatch(gpu, { x, w: gu, y }, { m: 1, swiglu: true, vec: { rpw: 1 } }),
+    /even rows-per-workgroup; got 1/,
+  );
+  assert.throws(
+    () =>
+      matmulDispatch(gpu, { x, w: gu, y, bias: createStorage(gpu, 64) }, { m: 1, swiglu: true }),
+    /bias holds 64 bytes; needs 136/,
+  );
+});

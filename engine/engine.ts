@@ -351,6 +351,7 @@ export class Engine implements EngineLike {
     }
     seq.blocks.markComputed(ids.length);
     seq.prefillSubmitted = true;
+    seq.stepsSubmitted = 1; // the prefill's last chunk samples the first token
   }
 
   #submitDecode(): void {

@@ -1,0 +1,357 @@
+/**
+ * `deno task bench`: prefill and decode speed of the engine, measured against the read bandwidth
+ * of the same GPU in the same run (the roofline). See BENCHMARKS.md for what each number means.
+ *
+ *   deno task bench [--model DIR | --shape tinyllama-1.1b|tiny] [--batch 1,8,32]
+ *     [--prompt-len 128] [--new-tokens 256] [--dtype f16|bf16] [--profile] [--out FILE]
+ *
+ * The table goes to stdout, progress to stderr (TTY only), and with `--out` a JSON object.
+ */
+import { parseArgs } from "node:util";
+import { Engine } from "../engine/engine.ts";
+import { getGpu, type Gpu } from "../engine/gpu.ts";
+import { syntheticModel } from "../engine/synthetic.ts";
+import { BLOCK } from "../engine/kv.ts";
+import { status } from "../engine/progress.ts";
+import type { SamplingOptions } from "../engine/api.ts";
+import { defaultReadBytes, measureReadBandwidth } from "../kernels/read_bandwidth.ts";
+import { profileDecodeStep, type StepProfile } from "./bench_profile.ts";
+import {
+  bursts,
+  type BytesPerToken,
+  bytesPerToken,
+  decodeRate,
+  formatTable,
+  percentile,
+  type Timed,
+} from "./bench_report.ts";
+
+/** The embedded default model (also the tokenizer of the synthetic shapes). */
+export const DEFAULT_MODEL = new URL("../models/strata-default", import.meta.url).pathname;
+
+/** Options of {@linkcode runBench}; the CLI flags in camelCase. */
+export interface BenchOptions {
+  /** Model folder (default: the embedded models/strata-default). Excludes `shape`. */
+  model?: string;
+  /** A synthetic shape of engine/synthetic.ts (random weights on the GPU) instead of a folder. */
+  shape?: string;
+  /** Batch sizes for decode (default [1, 8, 32]); batch 1 is always measured. */
+  batch?: number[];
+  /** Prompt tokens (default 128). */
+  promptLen?: number;
+  /** Tokens generated per request (default 256, at least 2). */
+  newTokens?: number;
+  /** Weight dtype of a synthetic shape (default f16). */
+  dtype?: "f16" | "bf16";
+  /** Also time each kernel of one decode step (needs `timestamp-query`). */
+  profile?: boolean;
+  /** Bytes the bandwidth kernel reads (default 1 GiB; 64 MiB on CPU adapters). */
+  readBytes?: number;
+  /** Prefill runs to take the median of (default 3). */
+  prefillRuns?: number;
+  gpu?: Gpu;
+}
+
+/** What {@linkcode runBench} measured; written as JSON by `--out`. */
+export interface BenchResult {
+  model: string;
+  adapter: string;
+  /** Synthetic shape name, or null for a model folder. */
+  shape: string | null;
+  dtype: string;
+  batch: number[];
+  prompt_len: number;
+  new_tokens: number;
+  /** Prompt tokens per second of time to first token (batch 1, median of runs). */
+  prefill_tok_s: number;
+  /** Aggregate decode tokens per second, keyed by batch size. */
+  decode_tok_s: Record<string, number>;
+  ttft_ms: number;
+  /** Inter-token delivery times at batch 1 (tokens arrive in bursts of K per submission). */
+  ms_per_token_p50: number;
+  ms_per_token_p95: number;
+  /** Median over submissions of (time since the previous burst) / (tokens in the burst). */
+  step_ms_p50: number;
+  /** Tokens per delivery burst at batch 1, in order (the first is the prefill's token). */
+  bursts: number[];
+  bytes_per_token: number;
+  weight_bytes_per_token: number;
+  kv_bytes_per_token: number;
+  mean_context: number;
+  read_bandwidth_gb_s: number;
+  read_bandwidth_method: "timestamp" | "wall";
+  read_bandwidth_bytes: number;
+  /** bytes_per_token × decode_tok_s[1] / read bandwidth. */
+  roofline_fraction: number;
+  /** Per-kernel GPU time of one decode step per batch size (with `profile`). */
+  profile?: StepProfile[];
+  date: string;
+  deno: string;
+}
+
+/**
+ * Loads (or synthesises) the model, measures read bandwidth, warms up, then measures prefill,
+ * time to first token and decode at every batch size, and optionally profiles one decode step.
+ *
+ * @throws Error for contradictory or out-of-range options, with the flag to fix.
+ * @example
+ * const r = await runBench({ shape: "tiny", batch: [1, 2], promptLen: 8, newTokens: 8 });
+ * console.log(formatTable(r));
+ */
+export async function runBench(options: BenchOptions = {}): Promise<BenchResult> {
+  const o = checkOptions(options);
+  const gpu = options.gpu ?? await getGpu();
+  const maxBatch = Math.max(...o.batch);
+  const context = o.promptLen + o.newTokens;
+  const engineOptions = {
+    gpu,
+    maxSlots: maxBatch,
+    maxQueued: maxBatch,
+    contextLength: context,
+    // Every request of the largest batch at once, each with its trash-column spare.
+    kvBlocks: maxBatch * (Math.ceil(context / BLOCK) + 1) + 2,
+  };
+  status(`bench: loading ${o.shape ? `shape ${o.shape} (${o.dtype})` : o.model}`);
+  const engine = o.shape
+    ? Engine.create(
+      gpu,
+      await syntheticModel(gpu, o.shape, { dtype: o.dtype, tokenizerDir: DEFAULT_MODEL }),
+      engineOptions,
+    )
+    : await Engine.load(o.model, engineOptions);
+  const cfg = engine.decoder.cfg;
+  if (engine.pool.blocks.length - 1 < maxBatch * Math.ceil(context / BLOCK)) {
+    status(`bench: the KV pool cannot hold batch ${maxBatch} at once; it will queue`, true);
+  }
+
+  status(`bench: read bandwidth (${(o.readBytes ?? defaultReadBytes(gpu)) / 2 ** 20} MiB)`);
+  const bw = await measureReadBandwidth(gpu, { bytes: o.readBytes });
+
+  const vocab = Math.min(cfg.vocabSize, engine.tokenizer.vocabSize);
+  const prompts = promptMaker(vocab, o.promptLen);
+  const generateAll = (batch: number, tokens: number) =>
+    Promise.all(Array.from({ length: batch }, () => timed(engine, prompts(), tokens)));
+
+  status("bench: warming up (pipelines compile on first use)");
+  await generateAll(1, 1);
+  for (const b of o.batch) await generateAll(b, Math.min(o.newTokens, 64));
+
+  status(`bench: prefill of ${o.promptLen} tokens x${o.prefillRuns}`);
+  const ttfts: number[] = [];
+  for (let i = 0; i < o.prefillRuns; i++) {
+    const [r] = await generateAll(1, 1);
+    ttfts.push(r.arrivals[0] - r.t0);
+  }
+  const ttft = percentile(ttfts, 50);
+
+  const decode: Record<string, number> = {};
+  let batch1: Timed | undefined;
+  for (const b of o.batch) {
+    status(`bench: decode, batch ${b} x ${o.newTokens} tokens`);
+    const runs = await generateAll(b, o.newTokens);
+    decode[b] = decodeRate(runs);
+    if (b === 1) batch1 = runs[0];
+  }
+  const arrivals = batch1!.arrivals;
+  const gaps = arrivals.slice(1).map((t, i) => t - arrivals[i]);
+  const groups = bursts(arrivals);
+  const stepMs = groups.slice(1).map((g, i) => (g.start - groups[i].end) / g.tokens);
+
+  let profile: StepProfile[] | undefined;
+  if (o.profile) {
+    if (!gpu.hasTimestamps) {
+      status(`bench: --profile needs timestamp-query; ${gpu.adapterName} has none`, true);
+    } else {
+      profile = [];
+      for (const b of o.batch) {
+        status(`bench: profiling one decode step at batch ${b}`);
+        const meanContext = Math.round(o.promptLen + o.newTokens / 2);
+        profile.push(await profileDecodeStep(engine, { slots: b, context: meanContext }));
+      }
+    }
+  }
+
+  const bytes: BytesPerToken = bytesPerToken(cfg, engine.decoder.w, o.promptLen + o.newTokens / 2);
+  return {
+    model: engine.modelId,
+    adapter: engine.adapterName,
+    shape: o.shape ?? null,
+    dtype: engine.decoder.w.dtype,
+    batch: o.batch,
+    prompt_len: o.promptLen,
+    new_tokens: o.newTokens,
+    prefill_tok_s: o.promptLen / (ttft / 1000),
+    decode_tok_s: decode,
+    ttft_ms: ttft,
+    ms_per_token_p50: percentile(gaps, 50),
+    ms_per_token_p95: percentile(gaps, 95),
+    step_ms_p50: percentile(stepMs, 50),
+    bursts: groups.map((g) => g.tokens),
+    bytes_per_token: bytes.total,
+    weight_bytes_per_token: bytes.weights,
+    kv_bytes_per_token: bytes.kv,
+    mean_context: bytes.meanContext,
+    read_bandwidth_gb_s: bw.gbPerS,
+    read_bandwidth_method: bw.method,
+    read_bandwidth_bytes: bw.bytes,
+    roofline_fraction: (bytes.total * decode[1]) / (bw.gbPerS * 1e9),
+    ...(profile ? { profile } : {}),
+    date: new Date().toISOString(),
+    deno: Deno.version.deno,
+  };
+}
+
+type Checked = Required<Omit<BenchOptions, "shape" | "gpu" | "readBytes">> & {
+  shape?: string;
+  readBytes?: number;
+};
+
+function checkOptions(o: BenchOptions): Checked {
+  if (o.model !== undefined && o.shape !== undefined) {
+    throw new Error("give --model DIR or --shape NAME, not both");
+  }
+  if (o.dtype !== undefined && o.shape === undefined) {
+    throw new Error("--dtype applies to --shape only (a model folder has its own dtype)");
+  }
+  if (o.dtype !== undefined && o.dtype !== "f16" && o.dtype !== "bf16") {
+    throw new Error(`--dtype must be f16 or bf16; got '${o.dtype}'`);
+  }
+  const batch = [...new Set([1, ...(o.batch ?? [1, 8, 32])])].sort((a, b) => a - b);
+  for (const b of batch) {
+    if (!Number.isInteger(b) || b < 1) throw new Error(`--batch sizes must be ≥ 1; got ${b}`);
+  }
+  const c: Checked = {
+    model: o.model ?? DEFAULT_MODEL,
+    shape: o.shape,
+    batch,
+    promptLen: o.promptLen ?? 128,
+    newTokens: o.newTokens ?? 256,
+    dtype: o.dtype ?? "f16",
+    profile: o.profile ?? false,
+    readBytes: o.readBytes,
+    prefillRuns: o.prefillRuns ?? 3,
+  };
+  if (!Number.isInteger(c.promptLen) || c.promptLen < 1) {
+    throw new Error(`--prompt-len must be an integer ≥ 1; got ${c.promptLen}`);
+  }
+  if (!Number.isInteger(c.newTokens) || c.newTokens < 2) {
+    throw new Error(
+      `--new-tokens must be an integer ≥ 2 (decode is timed between tokens); got ${c.newTokens}`,
+    );
+  }
+  return c;
+}
+
+/** Greedy sampling that never stops early: every request produces exactly `maxTokens`. */
+function greedy(maxTokens: number): SamplingOptions {
+  return {
+    temperature: 0,
+    topP: 1,
+    topK: 0,
+    minP: 0,
+    presencePenalty: 0,
+    frequencyPenalty: 0,
+    repetitionPenalty: 1,
+    maxTokens,
+    stop: [],
+    topLogprobs: 0,
+    stopAtEos: false,
+  };
+}
+
+/** Runs one request and records when each token reached the caller. */
+async function timed(engine: Engine, promptIds: number[], maxTokens: number): Promise<Timed> {
+  const t0 = performance.now();
+  const gen = engine.generate({ promptIds, sampling: greedy(maxTokens) });
+  const arrivals: number[] = [];
+  for await (const _ of gen) arrivals.push(performance.now());
+  const r = await gen.result;
+  if (arrivals.length !== maxTokens) {
+    throw new Error(
+      `internal error: asked for ${maxTokens} tokens, got ${arrivals.length} (${r.finishReason})`,
+    );
+  }
+  return { t0, arrivals };
+}
+
+/**
+ * Random prompts of `len` ids below `vocab`, a different one each call: identical prompts would
+ * share cached KV blocks and skip prefill.
+ */
+function promptMaker(vocab: number, len: number): () => number[] {
+  let a = 0x5eed;
+  const next = () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = Math.imul(a ^ (a >>> 15), a | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+  return () => Array.from({ length: len }, () => Math.floor(next() * vocab));
+}
+
+function parseList(flag: string, v: string): number[] {
+  return v.split(",").map((s) => {
+    const n = Number(s.trim());
+    if (!Number.isInteger(n) || n < 1) {
+      throw new Error(`--${flag} takes positive integers separated by commas; got '${v}'`);
+    }
+    return n;
+  });
+}
+
+function intFlag(flag: string, v: string | undefined): number | undefined {
+  if (v === undefined) return undefined;
+  const n = Number(v);
+  if (!Number.isInteger(n)) throw new Error(`--${flag} must be an integer; got '${v}'`);
+  return n;
+}
+
+const USAGE = `usage: deno task bench [--model DIR | --shape tinyllama-1.1b|tiny] [--batch 1,8,32]
+  [--prompt-len 128] [--new-tokens 256] [--dtype f16|bf16] [--profile] [--read-mib N]
+  [--out FILE]`;
+
+/** The CLI: parses flags, runs the bench, prints the table, writes `--out`. */
+export async function main(args: string[]): Promise<void> {
+  const { values: v } = parseArgs({
+    args,
+    options: {
+      model: { type: "string" },
+      shape: { type: "string" },
+      batch: { type: "string" },
+      "prompt-len": { type: "string" },
+      "new-tokens": { type: "string" },
+      dtype: { type: "string" },
+      profile: { type: "boolean" },
+      "read-mib": { type: "string" },
+      out: { type: "string" },
+      help: { type: "boolean", short: "h" },
+    },
+  });
+  if (v.help) return console.log(USAGE);
+  const readMib = intFlag("read-mib", v["read-mib"]);
+  const result = await runBench({
+    model: v.model,
+    shape: v.shape,
+    batch: v.batch === undefined ? undefined : parseList("batch", v.batch),
+    promptLen: intFlag("prompt-len", v["prompt-len"]),
+    newTokens: intFlag("new-tokens", v["new-tokens"]),
+    dtype: v.dtype as BenchOptions["dtype"],
+    profile: v.profile,
+    readBytes: readMib === undefined ? undefined : readMib * 2 ** 20,
+  });
+  console.log(formatTable(result));
+  if (v.out) {
+    await Deno.writeTextFile(v.out, JSON.stringify(result, null, 2) + "\n");
+    status(`bench: wrote ${v.out}`);
+  }
+}
+
+if (import.meta.main) {
+  try {
+    await main(Deno.args);
+    Deno.exit(0); // the GPU device keeps the event loop alive
+  } catch (e) {
+    console.error(`bench: ${(e as Error).message}`);
+    Deno.exit(1);
+  }
+}

@@ -1,0 +1,164 @@
+/**
+ * The bench's arithmetic and its table: decode rate from token arrival times, delivery bursts,
+ * percentiles, bytes a decode step must read, and the stdout report.
+ */
+import type { ModelConfig } from "../engine/config.ts";
+import type { ModelWeights } from "../engine/weights.ts";
+import { BYTES } from "../engine/dtype.ts";
+import type { BenchResult } from "./bench.ts";
+import { formatProfile } from "./bench_profile.ts";
+
+/** One request as the caller saw it: when it was submitted and when each token arrived (ms). */
+export interface Timed {
+  t0: number;
+  arrivals: number[];
+}
+
+/** Tokens delivered together (one submission's ring readback, or several read at once). */
+export interface Burst {
+  tokens: number;
+  /** Arrival of its first and last token (ms). */
+  start: number;
+  end: number;
+}
+
+/**
+ * Arrivals closer than this (ms) belong to one burst. Tokens of one submission are handed over
+ * in a single run of microtasks (microseconds apart); submissions complete on ≥ 10 ms polls.
+ */
+export const BURST_GAP_MS = 1;
+
+/** Groups arrival times (ascending, ms) into delivery bursts. */
+export function bursts(arrivals: number[]): Burst[] {
+  const out: Burst[] = [];
+  for (const t of arrivals) {
+    const last = out.at(-1);
+    if (last && t - last.end < BURST_GAP_MS) {
+      last.tokens++;
+      last.end = t;
+    } else out.push({ tokens: 1, start: t, end: t });
+  }
+  return out;
+}
+
+/**
+ * Aggregate decode tokens per second of concurrent requests, in steady state: from the delivery
+ * that completes the last first token (every prefill done) to the last token of any request,
+ * counting the tokens delivered after it. Tokens delivered together with a first token are not
+ * counted: when their computation started is unknown.
+ *
+ * @throws Error when no delivery follows the window's start (too few new tokens to time).
+ */
+export function decodeRate(runs: Timed[]): number {
+  const all = runs.flatMap((r) => r.arrivals).sort((a, b) => a - b);
+  const lastFirst = Math.max(...runs.map((r) => r.arrivals[0]));
+  const open = bursts(all).find((b) => b.end >= lastFirst)!.end;
+  const close = all.at(-1)!;
+  const count = all.filter((t) => t > open).length;
+  if (count === 0 || !(close > open)) {
+    throw new Error(
+      "decode could not be timed: no tokens were delivered after the first ones " +
+        "(raise --new-tokens)",
+    );
+  }
+  return count / ((close - open) / 1000);
+}
+
+/** The p-th percentile (0..100) by linear interpolation; 0 for an empty list. */
+export function percentile(values: number[], p: number): number {
+  if (values.length === 0) return 0;
+  const s = [...values].sort((a, b) => a - b);
+  const x = (p / 100) * (s.length - 1);
+  const i = Math.floor(x);
+  return i + 1 < s.length ? s[i] + (s[i + 1] - s[i]) * (x - i) : s[i];
+}
+
+/** Bytes one batch-1 decode step reads from GPU memory. */
+export interface BytesPerToken {
+  /** Every matrix once (the LM head included), one embedding row, the norm weights. */
+  weights: number;
+  /** K and V of every layer over `meanContext` positions (f32 cache). */
+  kv: number;
+  total: number;
+  meanContext: number;
+}
+
+/**
+ * What a batch-1 decode step must read at a mean context of `meanContext` tokens: the lower
+ * bound on its memory traffic, and so the numerator of the roofline.
+ */
+export function bytesPerToken(
+  cfg: ModelConfig,
+  w: Pick<ModelWeights, "dtype">,
+  meanContext: number,
+): BytesPerToken {
+  const b = BYTES[w.dtype];
+  const { hiddenSize: H, nHeads, nKvHeads, headDim: D, intermediateSize: F, nLayers: L } = cfg;
+  const perLayer = (nHeads + 2 * nKvHeads) * D * H + H * nHeads * D + 2 * F * H + H * F;
+  const weights = (L * perLayer + cfg.vocabSize * H + H) * b + (2 * L + 1) * H * 4;
+  const kv = L * 2 * nKvHeads * D * 4 * meanContext;
+  return { weights, kv, total: weights + kv, meanContext };
+}
+
+/** "1.23 GB", "4.5 MB", "512 B". */
+export function formatBytes(n: number): string {
+  if (n >= 1e9) return `${(n / 1e9).toFixed(2)} GB`;
+  if (n >= 1e6) return `${(n / 1e6).toFixed(1)} MB`;
+  if (n >= 1e3) return `${(n / 1e3).toFixed(1)} kB`;
+  return `${n} B`;
+}
+
+/** Burst sizes with runs compressed: [1, 1, 2, 32, 32, 32] → "1,1,2,32×3". */
+export function formatBursts(sizes: number[]): string {
+  const parts: string[] = [];
+  for (let i = 0; i < sizes.length;) {
+    let j = i;
+    while (j < sizes.length && sizes[j] === sizes[i]) j++;
+    parts.push(j - i > 2 ? `${sizes[i]}×${j - i}` : sizes.slice(i, j).join(","));
+    i = j;
+  }
+  return parts.join(",");
+}
+
+/** The human-readable report (stdout). */
+export function formatTable(r: BenchResult): string {
+  const rows: [string, string][] = [
+    [`prefill (${r.prompt_len}-token prompt, batch 1)`, `${r.prefill_tok_s.toFixed(1)} tok/s`],
+    ["time to first token (batch 1)", `${r.ttft_ms.toFixed(1)} ms`],
+  ];
+  for (const b of r.batch) {
+    const agg = b > 1 ? "  (aggregate)" : "";
+    rows.push([`decode, batch ${b}`, `${r.decode_tok_s[b].toFixed(1)} tok/s${agg}`]);
+  }
+  rows.push(
+    [
+      "ms/token p50 / p95 (batch 1, delivered)",
+      `${r.ms_per_token_p50.toFixed(2)} / ${r.ms_per_token_p95.toFixed(2)} ms`,
+    ],
+    [
+      "step time p50 (burst gap / K, batch 1)",
+      `${r.step_ms_p50.toFixed(2)} ms  (bursts ${formatBursts(r.bursts)})`,
+    ],
+    [
+      "bytes per token (batch 1)",
+      `${formatBytes(r.bytes_per_token)}  (weights ${formatBytes(r.weight_bytes_per_token)}` +
+      ` + KV ${formatBytes(r.kv_bytes_per_token)} at mean context ${r.mean_context})`,
+    ],
+    [
+      `read bandwidth (WGSL, ${r.read_bandwidth_bytes / 2 ** 20} MiB)`,
+      `${r.read_bandwidth_gb_s.toFixed(2)} GB/s  (${r.read_bandwidth_method})`,
+    ],
+    ["roofline fraction (batch 1)", r.roofline_fraction.toFixed(4)],
+  );
+  const width = Math.max(...rows.map(([k]) => k.length)) + 2;
+  const lines = [
+    `strata bench: ${r.model} on ${r.adapter}, Deno ${r.deno}, ${r.date}`,
+    `prompt ${r.prompt_len} tokens, ${r.new_tokens} new tokens per request, ` +
+    `batch ${r.batch.join(",")}, ${r.dtype} weights`,
+    "",
+    `${"metric".padEnd(width)}value`,
+    ...rows.map(([k, v]) => `${k.padEnd(width)}${v}`),
+  ];
+  for (const p of r.profile ?? []) lines.push("", formatProfile(p));
+  return lines.join("\n");
+}

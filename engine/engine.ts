@@ -26,7 +26,8 @@ import {
   SessionBusyError,
 } from "./errors.ts";
 import { Sequence } from "./sequence.ts";
-import { encode } from "../kernels/dispatch.ts";
+import type { Dispatch } from "../kernels/dispatch.ts";
+import { Submission, type SubmissionOptions } from "./submission.ts";
 import { packSampleParams, SAMPLE_PARAMS_BYTES } from "../kernels/sample.ts";
 
 /** Options for {@linkcode Engine.load}. */
@@ -54,17 +55,6 @@ export interface EngineModel {
   weights: ModelWeights;
 }
 
-interface Submission {
-  id: number;
-  region: number;
-  steps: number;
-  /** Sequence in each slot when submitted (undefined: empty slot). */
-  slots: (Sequence | undefined)[];
-  staging: GPUBuffer;
-  top?: GPUBuffer;
-  done: Promise<void>;
-}
-
 const REGIONS = 8;
 const TOP_K = 20;
 
@@ -78,7 +68,6 @@ export class Engine implements EngineLike {
   #waiting: Sequence[] = [];
   #inflight: Submission[] = [];
   #sessions = new Map<string, { info: SessionInfo; blocks: SequenceBlocks; busy: boolean }>();
-  #submitted = 0;
   #region = 0;
   #running = false;
   #nextK = 1;
@@ -372,93 +361,16 @@ export class Engine implements EngineLike {
     return (this.#region = (this.#region + 1) % REGIONS);
   }
 
-  #submit(
-    dispatches: Iterable<import("../kernels/dispatch.ts").Dispatch>,
-    o: { region: number; steps: number; slots: (Sequence | undefined)[]; top: boolean },
-  ): void {
-    const d = this.decoder, dev = this.gpu.device, S = this.opts.maxSlots;
-    const enc = dev.createCommandEncoder();
-    const pass = enc.beginComputePass();
-    encode(pass, dispatches);
-    pass.end();
-    const bytes = Math.max(8, o.steps * S * 8);
-    const staging = dev.createBuffer({
-      size: bytes,
-      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-    });
-    if (o.steps) {
-      enc.copyBufferToBuffer(d.step.ring, d.ringOffset(o.region, 0) * 8, staging, 0, bytes);
-    }
-    let top: GPUBuffer | undefined;
-    if (o.top && o.steps) {
-      const stride = d.topStride();
-      top = dev.createBuffer({
-        size: o.steps * stride,
-        usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-      });
-      enc.copyBufferToBuffer(
-        d.topRing,
-        o.region * this.opts.maxSteps * stride,
-        top,
-        0,
-        o.steps * stride,
-      );
-    }
-    dev.queue.submit([enc.finish()]);
-    const done = Promise.all([
-      staging.mapAsync(GPUMapMode.READ),
-      top?.mapAsync(GPUMapMode.READ),
-    ]).then(() => {});
-    this.#inflight.push({
-      id: ++this.#submitted,
-      region: o.region,
-      steps: o.steps,
-      slots: o.slots,
-      staging,
-      top,
-      done,
-    });
+  #submit(dispatches: Iterable<Dispatch>, o: SubmissionOptions): void {
+    this.#inflight.push(new Submission(this.decoder, dispatches, o));
   }
 
   /** Hands a finished submission's tokens to their sequences. */
   #process(sub: Submission): void {
-    const S = this.opts.maxSlots;
-    const ring = new Uint32Array(sub.staging.getMappedRange().slice(0));
-    const ringF = new Float32Array(ring.buffer);
-    let top: { ids: Uint32Array; lps: Float32Array; stride: number } | undefined;
-    if (sub.top) {
-      const raw = sub.top.getMappedRange().slice(0);
-      top = {
-        ids: new Uint32Array(raw),
-        lps: new Float32Array(raw),
-        stride: this.decoder.topStride() / 4,
-      };
-    }
-    for (let k = 0; k < sub.steps; k++) {
-      sub.slots.forEach((seq, s) => {
-        if (!seq || seq.finished) return;
-        const i = (k * S + s) * 2;
-        const tok = ring[i];
-        if (tok === 0xffffffff) {
-          seq.gpuDone = true;
-          return;
-        }
-        let alts: { id: number; logprob: number }[] | undefined;
-        if (top && seq.sampling.topLogprobs > 0) {
-          const base = k * top.stride + s * TOP_K * 2;
-          alts = [];
-          for (let j = 0; j < seq.sampling.topLogprobs; j++) {
-            alts.push({ id: top.ids[base + 2 * j], logprob: top.lps[base + 2 * j + 1] });
-          }
-        }
-        seq.accept(tok, ringF[i + 1], alts);
-        if (seq.finished) this.#finish(seq);
-      });
-    }
-    sub.staging.unmap();
-    sub.staging.destroy();
-    sub.top?.unmap();
-    sub.top?.destroy();
+    sub.read((seq, token, logprob, alts) => {
+      seq.accept(token, logprob, alts);
+      if (seq.finished) this.#finish(seq);
+    }, (seq) => (seq.gpuDone = true));
   }
 
   #cancel(seq: Sequence): void {

@@ -1,0 +1,102 @@
+/**
+ * One GPU submission (a prefill chunk or K decode steps) and the readback of what it produced:
+ * the ring rows of its steps, copied into a mappable buffer inside the same command buffer, so
+ * the host maps once per submission, never per token.
+ */
+import type { Decoder } from "./forward.ts";
+import type { Sequence } from "./sequence.ts";
+import { type Dispatch, encode } from "../kernels/dispatch.ts";
+
+/** The ring's marker for "this slot was already finished at this step". */
+const NO_TOKEN = 0xffffffff;
+
+/** Options for {@linkcode Submission}. */
+export interface SubmissionOptions {
+  /** Ring region the steps write (see Decoder.ringOffset). */
+  region: number;
+  /** Steps that record tokens (0 for a prefill chunk that is not the last). */
+  steps: number;
+  /** The sequence in each batch slot when submitted. */
+  slots: (Sequence | undefined)[];
+  /** Also read back the top-k alternatives (top_logprobs). */
+  top: boolean;
+}
+
+/** A token as read back: which sequence, its id, logprob and alternatives. */
+export type TakeToken = (
+  seq: Sequence,
+  token: number,
+  logprob: number,
+  alts?: { id: number; logprob: number }[],
+) => void;
+
+/** Encodes, submits and later reads back one command buffer. */
+export class Submission {
+  /** Resolves when the readback buffers are mapped. */
+  readonly done: Promise<void>;
+  readonly #staging: GPUBuffer;
+  readonly #top?: GPUBuffer;
+
+  constructor(
+    readonly decoder: Decoder,
+    dispatches: Iterable<Dispatch>,
+    readonly o: SubmissionOptions,
+  ) {
+    const d = decoder, dev = d.gpu.device, S = d.opts.maxSlots;
+    const enc = dev.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    encode(pass, dispatches);
+    pass.end();
+    const usage = GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST;
+    const bytes = Math.max(8, o.steps * S * 8);
+    this.#staging = dev.createBuffer({ size: bytes, usage });
+    if (o.steps) {
+      enc.copyBufferToBuffer(d.step.ring, d.ringOffset(o.region, 0) * 8, this.#staging, 0, bytes);
+    }
+    if (o.top && o.steps) {
+      const stride = d.topStride();
+      this.#top = dev.createBuffer({ size: o.steps * stride, usage });
+      const from = o.region * d.opts.maxSteps * stride;
+      enc.copyBufferToBuffer(d.topRing, from, this.#top, 0, o.steps * stride);
+    }
+    dev.queue.submit([enc.finish()]);
+    this.done = Promise.all([
+      this.#staging.mapAsync(GPUMapMode.READ),
+      this.#top?.mapAsync(GPUMapMode.READ),
+    ]).then(() => {});
+  }
+
+  /**
+   * After `done`: hands every recorded token to `take`, in step order, skipping sequences that
+   * finished meanwhile; a slot the GPU had already stopped is reported through `stopped`.
+   * Frees the readback buffers.
+   */
+  read(take: TakeToken, stopped: (seq: Sequence) => void): void {
+    const S = this.decoder.opts.maxSlots, K = this.decoder.opts.topK;
+    const ring = new Uint32Array(this.#staging.getMappedRange().slice(0));
+    const ringF = new Float32Array(ring.buffer);
+    const raw = this.#top?.getMappedRange().slice(0);
+    const topIds = raw && new Uint32Array(raw), topLps = raw && new Float32Array(raw);
+    const stride = this.decoder.topStride() / 4;
+    for (let k = 0; k < this.o.steps; k++) {
+      this.o.slots.forEach((seq, s) => {
+        if (!seq || seq.finished) return;
+        const i = (k * S + s) * 2;
+        if (ring[i] === NO_TOKEN) return stopped(seq);
+        let alts: { id: number; logprob: number }[] | undefined;
+        if (topIds && topLps && seq.sampling.topLogprobs > 0) {
+          const base = k * stride + s * K * 2;
+          alts = Array.from({ length: seq.sampling.topLogprobs }, (_, j) => ({
+            id: topIds[base + 2 * j],
+            logprob: topLps[base + 2 * j + 1],
+          }));
+        }
+        take(seq, ring[i], ringF[i + 1], alts);
+      });
+    }
+    this.#staging.unmap();
+    this.#staging.destroy();
+    this.#top?.unmap();
+    this.#top?.destroy();
+  }
+}

@@ -7,7 +7,7 @@
  */
 import { parseArgs } from "node:util";
 import { Engine } from "./engine/engine.ts";
-import type { SamplingOptions } from "./engine/api.ts";
+import { sampling } from "./engine/api.ts";
 import { status } from "./engine/progress.ts";
 
 /** The model served when none is given: the small model shipped in models/. */
@@ -67,20 +67,16 @@ async function generate(args: string[]): Promise<void> {
     : v.chat
     ? engine.encodeChat([{ role: "user", content: v.prompt! }])
     : engine.encode(v.prompt!);
-  const sampling: SamplingOptions = {
+  const opts = sampling({
     temperature: num("temperature", v.temperature, 0),
     topP: num("top-p", v["top-p"], 1),
     topK: int("top-k", v["top-k"], 0),
     minP: num("min-p", v["min-p"], 0),
-    presencePenalty: 0,
-    frequencyPenalty: 0,
-    repetitionPenalty: 1,
     seed: v.seed === undefined ? undefined : BigInt(v.seed),
     maxTokens: int("max-tokens", v["max-tokens"], 64),
     stop: v.stop ?? [],
-    topLogprobs: 0,
-  };
-  const gen = engine.generate({ promptIds, sampling });
+  });
+  const gen = engine.generate({ promptIds, sampling: opts });
   const tokens: number[] = [], logprobs: number[] = [];
   let text = "";
   const enc = new TextEncoder();

@@ -100,3 +100,26 @@ export interface EngineLike {
   load(): { running: number; queued: number; maxRunning: number; maxQueued: number };
   kvStats(): KvStats;
 }
+
+/**
+ * Sampling options with every knob off (greedy, no penalties, no stop strings), overridden by
+ * `overrides`.
+ *
+ * @example
+ * const opts = sampling({ maxTokens: 64, temperature: 0.7, seed: 1n });
+ */
+export function sampling(overrides: Partial<SamplingOptions> & { maxTokens: number }) {
+  const base: SamplingOptions = {
+    temperature: 0,
+    topP: 1,
+    topK: 0,
+    minP: 0,
+    presencePenalty: 0,
+    frequencyPenalty: 0,
+    repetitionPenalty: 1,
+    maxTokens: overrides.maxTokens,
+    stop: [],
+    topLogprobs: 0,
+  };
+  return { ...base, ...overrides };
+}

@@ -13,7 +13,7 @@ import { getGpu, type Gpu } from "../engine/gpu.ts";
 import { syntheticModel } from "../engine/synthetic.ts";
 import { BLOCK } from "../engine/kv.ts";
 import { status } from "../engine/progress.ts";
-import type { SamplingOptions } from "../engine/api.ts";
+import { sampling, type SamplingOptions } from "../engine/api.ts";
 import { defaultReadBytes, measureReadBandwidth } from "../kernels/read_bandwidth.ts";
 import { profileDecodeStep, type StepProfile } from "./bench_profile.ts";
 import {
@@ -244,19 +244,7 @@ function checkOptions(o: BenchOptions): Checked {
 
 /** Greedy sampling that never stops early: every request produces exactly `maxTokens`. */
 function greedy(maxTokens: number): SamplingOptions {
-  return {
-    temperature: 0,
-    topP: 1,
-    topK: 0,
-    minP: 0,
-    presencePenalty: 0,
-    frequencyPenalty: 0,
-    repetitionPenalty: 1,
-    maxTokens,
-    stop: [],
-    topLogprobs: 0,
-    stopAtEos: false,
-  };
+  return sampling({ maxTokens, stopAtEos: false });
 }
 
 /** Runs one request and records when each token reached the caller. */

@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { Engine } from "../engine/engine.ts";
-import type { SamplingOptions } from "../engine/api.ts";
+import { sampling, type SamplingOptions } from "../engine/api.ts";
 import { loadModelFolder } from "../engine/model_folder.ts";
 import { logSoftmax, ReferenceModel, topMargin } from "../engine/reference_forward.ts";
 import { makeTestModel, type TestModelOptions } from "../scripts/make_test_model.ts";
@@ -56,21 +56,8 @@ const VARIANTS: [string, TestModelOptions][] = [
   }],
 ];
 
-export function greedy(maxTokens: number, extra: Partial<SamplingOptions> = {}): SamplingOptions {
-  return {
-    temperature: 0,
-    topP: 1,
-    topK: 0,
-    minP: 0,
-    presencePenalty: 0,
-    frequencyPenalty: 0,
-    repetitionPenalty: 1,
-    maxTokens,
-    stop: [],
-    topLogprobs: 0,
-    stopAtEos: false,
-    ...extra,
-  };
+function greedy(maxTokens: number, extra: Partial<SamplingOptions> = {}): SamplingOptions {
+  return sampling({ maxTokens, stopAtEos: false, ...extra });
 }
 
 async function collect(engine: Engine, promptIds: number[], sampling: SamplingOptions) {

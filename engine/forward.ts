@@ -190,13 +190,14 @@ export class Decoder {
     };
   }
 
-  /** LM head over `m` normed rows into logits rows [row0, row0 + m). */
-  #lmHead(m: number, row0: number): Dispatch[] {
+  /** LM head over `m` rows of `x` (RMS-normed on the fly with `normWeight`) into logits rows [row0, row0 + m). */
+  #lmHead(m: number, row0: number, x: GPUBuffer, normWeight?: GPUBuffer): Dispatch[] {
     const V = this.cfg.vocabSize;
     let r = 0;
     return this.w.lmHead.map((chunk) => {
-      const d = matmulDispatch(this.gpu, { x: this.#last, w: chunk, y: this.#logits }, {
+      const d = matmulDispatch(this.gpu, { x, w: chunk, y: this.#logits, normWeight }, {
         m,
+        eps: this.cfg.rmsEps,
         yStride: V,
         yOffset: row0 * V + r,
       });
@@ -291,7 +292,7 @@ export class Decoder {
       out: this.#last,
       rows: this.#lastRow,
     }, { count: 1, cols: H, eps: this.cfg.rmsEps }));
-    out.push(...this.#lmHead(1, o.slot));
+    out.push(...this.#lmHead(1, o.slot, this.#last));
     out.push(...this.#sample(o.slot + 1, o.region, 0, o.withTop));
     out.push(...this.#stepEnd(o.slot, o.slot + 1, o.region, 0));
     return out;
@@ -340,12 +341,8 @@ export class Decoder {
               ...this.#heads(layer),
             }),
         ),
-        rmsnormDispatch(g, { x: this.#x, weight: this.w.norm, out: this.#last }, {
-          count: slots,
-          cols: c.hiddenSize,
-          eps: c.rmsEps,
-        }),
-        ...this.#lmHead(slots, 0),
+        // Final norm folded into the LM head: logits = norm(x) · W_lmᵀ
+        ...this.#lmHead(slots, 0, this.#x, this.w.norm),
       ];
       this.#decodePlans.set(slots, body);
     }

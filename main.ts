@@ -1,7 +1,7 @@
 /**
  * strata's command line: `serve` runs the OpenAI-compatible server, `generate` runs one prompt.
  *
- *   deno task start [--model DIR] [--host H] [--port N] [--api-key KEY]
+ *   deno task start [--model DIR] [--host H] [--port N] [--api-key KEY] [--kv PATH]
  *   deno task generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *                      [--temperature T] [--seed S] [--json]
  */
@@ -9,18 +9,20 @@ import { parseArgs } from "node:util";
 import { Engine } from "./engine/engine.ts";
 import { sampling } from "./engine/api.ts";
 import { status } from "./engine/progress.ts";
+import { SessionStore } from "./engine/session_store.ts";
 
 /** The model served when none is given: the small model shipped in models/. */
 export const DEFAULT_MODEL = new URL("./models/strata-default", import.meta.url).pathname;
 
 const USAGE = `usage:
-  main.ts serve    [--model DIR] [--host H] [--port N] [--api-key KEY]
+  main.ts serve    [--model DIR] [--host H] [--port N] [--api-key KEY] [--kv PATH]
                    [--max-slots N] [--max-queued N] [--context-length N] [--cors ORIGINS]
                    [--max-body-bytes N]
   main.ts generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
                    [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
                    [--stop STR] [--chat] [--json]
-Environment: STRATA_MODEL, HOST, PORT, STRATA_API_KEY, STRATA_CORS, STRATA_MAX_SLOTS,
+--kv PATH keeps sessions (tokens and KV blocks) in Deno KV at PATH across restarts.
+Environment: STRATA_MODEL, HOST, PORT, STRATA_API_KEY, STRATA_KV, STRATA_CORS, STRATA_MAX_SLOTS,
 STRATA_MAX_QUEUED, STRATA_CONTEXT_LENGTH, STRATA_MAX_BODY_BYTES`;
 
 function int(name: string, v: string | undefined, fallback: number): number {
@@ -119,11 +121,15 @@ async function serve(args: string[]): Promise<void> {
       "max-queued": { type: "string" },
       "context-length": { type: "string" },
       "max-body-bytes": { type: "string" },
+      kv: { type: "string" },
     },
   });
   const env = (k: string) => Deno.env.get(k) || undefined;
   const model = v.model ?? env("STRATA_MODEL") ?? DEFAULT_MODEL;
+  const kvPath = v.kv ?? env("STRATA_KV");
+  const store = kvPath ? await SessionStore.open(kvPath) : undefined;
   const engine = await Engine.load(model, {
+    store,
     maxSlots: int("max-slots", v["max-slots"] ?? env("STRATA_MAX_SLOTS"), 16),
     maxQueued: int("max-queued", v["max-queued"] ?? env("STRATA_MAX_QUEUED"), 64),
     contextLength: v["context-length"] ?? env("STRATA_CONTEXT_LENGTH")
@@ -158,7 +164,7 @@ async function serve(args: string[]): Promise<void> {
     Deno.addSignalListener(sig, () => {
       console.error(`strata: ${sig}, draining`);
       shutdown.abort();
-      server.shutdown().then(() => Deno.exit(0));
+      server.shutdown().then(() => engine.flushSnapshots()).then(() => Deno.exit(0));
     });
   }
 }

@@ -72,6 +72,8 @@ export interface SessionInfo {
   tokens: number;
   createdAt: number;
   updatedAt: number;
+  /** When the last snapshot of this session reached the store (engines started with --kv). */
+  persistedAt?: number;
 }
 
 /** KV blocks per tier, for /metrics and /health. */

@@ -28,6 +28,8 @@ import {
 import { Sequence } from "./sequence.ts";
 import type { Dispatch } from "../kernels/dispatch.ts";
 import { Submission, type SubmissionOptions } from "./submission.ts";
+import type { SessionStore } from "./session_store.ts";
+import { Sessions } from "./sessions.ts";
 import { packSampleParams, SAMPLE_PARAMS_BYTES } from "../kernels/sample.ts";
 
 /** Options for {@linkcode Engine.load}. */
@@ -44,6 +46,8 @@ export interface EngineOptions {
   maxSteps?: number;
   /** KV blocks (default: as many as fit in one binding, at most 4096). */
   kvBlocks?: number;
+  /** Where sessions are snapshotted after every turn and restored from at load (Deno KV). */
+  store?: SessionStore;
   gpu?: Gpu;
 }
 
@@ -67,7 +71,7 @@ export class Engine implements EngineLike {
   #slots: (Sequence | undefined)[];
   #waiting: Sequence[] = [];
   #inflight: Submission[] = [];
-  #sessions = new Map<string, { info: SessionInfo; blocks: SequenceBlocks; busy: boolean }>();
+  readonly #sessions: Sessions;
   #region = 0;
   #running = false;
   #nextK = 1;
@@ -77,13 +81,15 @@ export class Engine implements EngineLike {
     modelId: string,
     readonly tokenizer: TextTokenizer,
     readonly decoder: Decoder,
-    readonly opts: Required<Omit<EngineOptions, "gpu" | "kvBlocks">>,
+    readonly opts: Required<Omit<EngineOptions, "gpu" | "kvBlocks" | "store">>,
+    store?: SessionStore,
   ) {
     this.modelId = modelId;
     this.adapterName = gpu.adapterName;
     this.contextLength = opts.contextLength;
     this.pool = new BlockPool(decoder.opts.numBlocks);
     this.#slots = new Array(opts.maxSlots).fill(undefined);
+    this.#sessions = new Sessions(decoder, this.pool, modelId, store);
   }
 
   /** Loads `dir` (an HF model folder) onto the GPU. */
@@ -92,11 +98,10 @@ export class Engine implements EngineLike {
     const folder = await loadModelFolder(dir);
     const tokenizer = TextTokenizer.load(folder);
     const weights = await uploadWeights(gpu, folder, { invFreq: ropeInvFreq(folder.config) });
-    return Engine.create(
-      gpu,
-      { id: folder.id, config: folder.config, tokenizer, weights },
-      options,
-    );
+    const model = { id: folder.id, config: folder.config, tokenizer, weights };
+    const engine = Engine.create(gpu, model, options);
+    await engine.#sessions.restore();
+    return engine;
   }
 
   /**
@@ -137,7 +142,7 @@ export class Engine implements EngineLike {
       regions: REGIONS,
       topK: TOP_K,
     }, tokenizer.eosIds);
-    return new Engine(gpu, model.id, tokenizer, decoder, opts);
+    return new Engine(gpu, model.id, tokenizer, decoder, opts, options.store);
   }
 
   encode(text: string): number[] {
@@ -165,7 +170,9 @@ export class Engine implements EngineLike {
     return {
       blockTokens: BLOCK,
       gpu: { used: this.pool.usedCount, total: this.pool.blocks.length - 1 },
-      kv: { used: 0 },
+      // Warm tier: blocks held by session snapshots in Deno KV (chunks shared by sessions
+      // count once per session).
+      kv: { used: this.#sessions.storedBlocks() },
       fs: { used: 0 },
     };
   }
@@ -175,12 +182,12 @@ export class Engine implements EngineLike {
   }
 
   deleteSession(id: string): Promise<boolean> {
-    const s = this.#sessions.get(id);
-    if (!s) return Promise.resolve(false);
-    if (s.busy) throw new SessionBusyError(id);
-    s.blocks.free();
-    this.#sessions.delete(id);
-    return Promise.resolve(true);
+    return this.#sessions.delete(id);
+  }
+
+  /** Resolves when every session snapshot started so far is written. */
+  flushSnapshots(): Promise<void> {
+    return this.#sessions.flush();
   }
 
   /**
@@ -223,11 +230,7 @@ export class Engine implements EngineLike {
     } else {
       blocks = new SequenceBlocks(this.pool);
       cached = blocks.appendPrompt(promptIds);
-      if (request.sessionId) {
-        const now = Date.now();
-        const info = { id: request.sessionId, tokens: 0, createdAt: now, updatedAt: now };
-        this.#sessions.set(request.sessionId, { info, blocks, busy: true });
-      }
+      if (request.sessionId) this.#sessions.create(request.sessionId, blocks);
     }
     const seq = new Sequence({
       request,
@@ -285,6 +288,7 @@ export class Engine implements EngineLike {
       if (slot < 0) return;
       const total = seq.blocks.tokens.length + seq.sampling.maxTokens;
       const need = Math.ceil(total / BLOCK) - seq.blocks.table.length;
+      if (need > this.pool.freeCount) this.#sessions.evict(need);
       if (need > this.pool.freeCount) return;
       this.#waiting.shift();
       seq.blocks.reserve(total);
@@ -407,6 +411,7 @@ export class Engine implements EngineLike {
     session.busy = false;
     session.info.tokens = b.computed;
     session.info.updatedAt = Date.now();
+    this.#sessions.snapshot(session);
   }
 }
 

@@ -19,6 +19,7 @@ export function sessionJson(info: SessionInfo) {
     tokens: info.tokens,
     created_at_ms: info.createdAt,
     updated_at_ms: info.updatedAt,
+    persisted_at_ms: info.persistedAt ?? null,
   };
 }
 

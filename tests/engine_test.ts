@@ -141,3 +141,35 @@ Deno.test("engine: tokens do not depend on batch composition or steps per submis
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("engine: idle sessions give their KV back when the pool runs out", async () => {
+  await testGpu();
+  const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });
+  try {
+    await makeTestModel(dir, { arch: "llama", dtype: "f16", hidden: 64, heads: 2, kvHeads: 1 });
+    // 7 blocks (block 0 is the trash block) of 16 tokens; one sequence may use 64 tokens.
+    const engine = await Engine.load(dir, { maxSlots: 2, contextLength: 64, kvBlocks: 7 });
+    const prompt = Array.from({ length: 40 }, (_, i) => 10 + i);
+    const gen = engine.generate({ promptIds: prompt, sampling: greedy(8), sessionId: "a" });
+    for await (const _ of gen) { /* drain */ }
+    assert.equal(engine.session("a")?.tokens, 47);
+    const held = engine.kvStats().gpu.used;
+    assert.equal(held, 3, "the session keeps the blocks of its 48 tokens");
+    // 30 tokens need 2 of the 3 free blocks: the session keeps its KV.
+    const other = await collect(engine, prompt.slice(0, 20), greedy(10));
+    assert.equal(other.tokens.length, 10);
+    assert.equal(engine.session("a")?.tokens, 47);
+    // 64 new tokens (no prefix shared with the session) need 4 blocks: only evicting the idle
+    // session makes room.
+    const more = await collect(engine, prompt.map((t) => t + 100).slice(0, 50), greedy(14));
+    assert.equal(more.tokens.length, 14);
+    assert.equal(engine.session("a")?.tokens, 0, "the idle session was evicted");
+    // The evicted session still answers: its next turn prefills again.
+    const again = engine.generate({ promptIds: prompt, sampling: greedy(8), sessionId: "a" });
+    const tokens = [];
+    for await (const t of again) tokens.push(t.id);
+    assert.equal(tokens.length, 8);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});

@@ -1,0 +1,126 @@
+/**
+ * Session snapshots in Deno KV: a session's token ids and the KV blocks that hold them survive a
+ * restart. Blocks are content-addressed chunks (fflate-compressed, named by the xxh64 of their
+ * bytes, split into values under Deno KV's 64 KiB limit), written first; then one atomic commit
+ * replaces the session's small manifest. Restore verifies every chunk's hash and keeps the
+ * longest valid prefix of blocks.
+ */
+import xxhash from "xxhash-wasm";
+import { deflateSync, inflateSync } from "fflate";
+
+const hasher = await xxhash();
+/** Deno KV refuses values over 64 KiB; stay below with room for the key and framing. */
+const PART = 60_000;
+
+/** What a snapshot records about one session. */
+export interface SessionManifest {
+  version: 1;
+  id: string;
+  model: string;
+  /** Prompt and output token ids, as the session holds them. */
+  tokens: Uint32Array;
+  /** Tokens whose KV the blocks hold (≤ tokens.length). */
+  computed: number;
+  /** One entry per block, in order: the chunk holding that block's K then V bytes. */
+  blocks: { hash: string; parts: number; bytes: number }[];
+  createdAt: number;
+  updatedAt: number;
+}
+
+/** A restored session: its manifest and the raw K‖V bytes of each block that verified. */
+export interface RestoredSession {
+  manifest: SessionManifest;
+  blocks: Uint8Array<ArrayBuffer>[];
+}
+
+/** Snapshots of sessions in one Deno KV database (a local SQLite file or a remote KV). */
+export class SessionStore {
+  private constructor(readonly kv: Deno.Kv) {}
+
+  /** Opens (or creates) the store at `path` (a file path, or a KV Connect URL). */
+  static async open(path: string): Promise<SessionStore> {
+    return new SessionStore(await Deno.openKv(path));
+  }
+
+  /**
+   * Writes a session: its block chunks (each K‖V block byte array), then its manifest in one
+   * atomic commit.
+   */
+  async save(
+    m: Omit<SessionManifest, "blocks" | "version">,
+    blocks: Uint8Array[],
+  ): Promise<void> {
+    const entries: SessionManifest["blocks"] = [];
+    for (const raw of blocks) {
+      const hash = hasher.h64Raw(raw).toString(16).padStart(16, "0");
+      const packed = deflateSync(raw, { level: 1 });
+      const parts = Math.max(1, Math.ceil(packed.byteLength / PART));
+      const head = await this.kv.get(["chunk", hash, 0]);
+      if (head.value === null) {
+        for (let i = 0; i < parts; i++) {
+          await this.kv.set(["chunk", hash, i], packed.subarray(i * PART, (i + 1) * PART));
+        }
+      }
+      entries.push({ hash, parts, bytes: raw.byteLength });
+    }
+    const manifest: SessionManifest = { ...m, version: 1, blocks: entries };
+    const r = await this.kv.atomic().set(["session", m.id], manifest).commit();
+    if (!r.ok) throw new Error(`internal error: snapshot of session '${m.id}' did not commit`);
+  }
+
+  /** Manifests of every stored session, newest first. */
+  async list(model?: string): Promise<SessionManifest[]> {
+    const out: SessionManifest[] = [];
+    for await (const e of this.kv.list<SessionManifest>({ prefix: ["session"] })) {
+      if (!model || e.value.model === model) out.push(e.value);
+    }
+    return out.sort((a, b) => b.updatedAt - a.updatedAt);
+  }
+
+  /** Reads a session's blocks, stopping at the first missing or corrupt chunk. */
+  async restore(manifest: SessionManifest): Promise<RestoredSession> {
+    const blocks: Uint8Array<ArrayBuffer>[] = [];
+    for (const b of manifest.blocks) {
+      const raw = await this.#chunk(b.hash, b.parts, b.bytes);
+      if (!raw) break;
+      blocks.push(raw);
+    }
+    return { manifest, blocks };
+  }
+
+  async #chunk(
+    hash: string,
+    parts: number,
+    bytes: number,
+  ): Promise<Uint8Array<ArrayBuffer> | undefined> {
+    const got: Deno.KvEntryMaybe<Uint8Array>[] = [];
+    for (let i = 0; i < parts; i += 10) { // getMany takes at most 10 keys
+      const keys = Array.from(
+        { length: Math.min(10, parts - i) },
+        (_, j) => ["chunk", hash, i + j],
+      );
+      got.push(...await this.kv.getMany<Uint8Array[]>(keys));
+    }
+    if (got.some((e) => !(e.value instanceof Uint8Array))) return undefined;
+    const packed = new Uint8Array(got.reduce((n, e) => n + e.value!.byteLength, 0));
+    let o = 0;
+    for (const e of got) packed.set(e.value!, (o += e.value!.byteLength) - e.value!.byteLength);
+    try {
+      const raw = inflateSync(packed) as Uint8Array<ArrayBuffer>;
+      const ok = raw.byteLength === bytes &&
+        hasher.h64Raw(raw).toString(16).padStart(16, "0") === hash;
+      return ok ? raw : undefined;
+    } catch {
+      return undefined; // corrupt deflate stream
+    }
+  }
+
+  /** Forgets a session (its chunks stay; other sessions may share them). */
+  async delete(id: string): Promise<void> {
+    await this.kv.delete(["session", id]);
+  }
+
+  close(): void {
+    this.kv.close();
+  }
+}

@@ -1,0 +1,149 @@
+/**
+ * The sessions an engine keeps between requests: each holds its token ids and the KV blocks that
+ * cover them. Idle sessions give their blocks back under pressure (least recently used first);
+ * with a store, every turn is snapshotted to Deno KV and sessions come back after a restart.
+ */
+import type { SessionInfo } from "./api.ts";
+import type { Decoder } from "./forward.ts";
+import { blockBytes } from "./forward.ts";
+import { BLOCK, type BlockPool, SequenceBlocks } from "./kv.ts";
+import { SessionBusyError } from "./errors.ts";
+import type { SessionStore } from "./session_store.ts";
+
+/** One session: what the API reports, its blocks, and whether a request is using it. */
+export interface SessionEntry {
+  info: SessionInfo;
+  blocks: SequenceBlocks;
+  busy: boolean;
+}
+
+/** The session table of one engine. */
+export class Sessions {
+  readonly #map = new Map<string, SessionEntry>();
+  readonly #snapshots = new Map<string, Promise<void>>();
+  /** Blocks of each session's last snapshot in the store (the warm tier, for metrics). */
+  readonly #stored = new Map<string, number>();
+
+  constructor(
+    readonly decoder: Decoder,
+    readonly pool: BlockPool,
+    readonly modelId: string,
+    readonly store?: SessionStore,
+  ) {}
+
+  get(id: string): SessionEntry | undefined {
+    return this.#map.get(id);
+  }
+
+  /** Starts a new session around `blocks`, marked busy. */
+  create(id: string, blocks: SequenceBlocks): SessionEntry {
+    const now = Date.now();
+    const entry = { info: { id, tokens: 0, createdAt: now, updatedAt: now }, blocks, busy: true };
+    this.#map.set(id, entry);
+    return entry;
+  }
+
+  /** Frees a session's blocks and forgets it, in the store too. */
+  async delete(id: string): Promise<boolean> {
+    const s = this.#map.get(id);
+    if (!s) return false;
+    if (s.busy) throw new SessionBusyError(id);
+    s.blocks.free();
+    this.#map.delete(id);
+    await this.#snapshots.get(id);
+    await this.store?.delete(id);
+    this.#stored.delete(id);
+    return true;
+  }
+
+  /** Blocks held by snapshots in the store. */
+  storedBlocks(): number {
+    return [...this.#stored.values()].reduce((a, b) => a + b, 0);
+  }
+
+  /** Resolves when every snapshot started so far is written. */
+  async flush(): Promise<void> {
+    await Promise.all(this.#snapshots.values());
+  }
+
+  /**
+   * Frees the KV of idle sessions, least recently used first, until `need` blocks are free. An
+   * evicted session stays known; its next turn prefills again (or finds its blocks by hash).
+   */
+  evict(need: number): void {
+    const idle = [...this.#map.values()]
+      .filter((s) => !s.busy && s.blocks.table.length > 0)
+      .sort((a, b) => a.info.updatedAt - b.info.updatedAt);
+    for (const s of idle) {
+      if (this.pool.freeCount >= need) return;
+      s.blocks.free();
+      s.info.tokens = 0;
+    }
+  }
+
+  /**
+   * Copies the session's blocks to the host (queued now, so later turns cannot change what is
+   * read) and writes them to the store; snapshots of one session are written in order.
+   */
+  snapshot(session: SessionEntry): void {
+    if (!this.store) return;
+    const store = this.store, { info, blocks } = session;
+    const d = this.decoder, bb = blockBytes(d.cfg), dev = d.gpu.device;
+    const n = Math.ceil(blocks.computed / BLOCK);
+    const tokens = Uint32Array.from(blocks.tokens), computed = blocks.computed;
+    const staging = dev.createBuffer({
+      size: Math.max(16, 2 * n * bb),
+      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+    });
+    const enc = dev.createCommandEncoder();
+    blocks.table.slice(0, n).forEach((id, i) => {
+      enc.copyBufferToBuffer(d.kPool, id * bb, staging, 2 * i * bb, bb);
+      enc.copyBufferToBuffer(d.vPool, id * bb, staging, (2 * i + 1) * bb, bb);
+    });
+    dev.queue.submit([enc.finish()]);
+    const read = staging.mapAsync(GPUMapMode.READ).then(() => {
+      const all = new Uint8Array(staging.getMappedRange().slice(0));
+      staging.unmap();
+      staging.destroy();
+      return Array.from({ length: n }, (_, i) => all.subarray(2 * i * bb, 2 * (i + 1) * bb));
+    });
+    const previous = this.#snapshots.get(info.id) ?? Promise.resolve();
+    const { createdAt, updatedAt } = info;
+    const write = Promise.all([read, previous])
+      .then(([data]) =>
+        store.save(
+          { id: info.id, model: this.modelId, tokens, computed, createdAt, updatedAt },
+          data,
+        )
+      )
+      .then(() => {
+        info.persistedAt = Date.now();
+        if (this.#map.has(info.id)) this.#stored.set(info.id, n);
+      })
+      .catch((e) => console.error(`strata: snapshot of session '${info.id}' failed: ${e}`));
+    this.#snapshots.set(info.id, write);
+  }
+
+  /** Brings stored sessions back onto the GPU, newest first, keeping half the pool free. */
+  async restore(): Promise<void> {
+    if (!this.store) return;
+    const d = this.decoder, bb = blockBytes(d.cfg), q = d.gpu.device.queue;
+    for (const m of await this.store.list(this.modelId)) {
+      const info = { id: m.id, tokens: 0, createdAt: m.createdAt, updatedAt: m.updatedAt };
+      const blocks = new SequenceBlocks(this.pool);
+      this.#map.set(m.id, { info, blocks, busy: false });
+      this.#stored.set(m.id, m.blocks.length);
+      if (this.pool.freeCount - m.blocks.length < this.pool.blocks.length / 2) continue;
+      const { blocks: data } = await this.store.restore(m);
+      blocks.reserve(data.length * BLOCK);
+      data.forEach((raw, i) => {
+        q.writeBuffer(d.kPool, blocks.table[i] * bb, raw, 0, bb);
+        q.writeBuffer(d.vPool, blocks.table[i] * bb, raw, bb, bb);
+      });
+      blocks.tokens.push(...m.tokens);
+      blocks.markComputed(Math.min(m.computed, data.length * BLOCK));
+      blocks.truncate(m.tokens.length);
+      Object.assign(info, { tokens: blocks.computed, persistedAt: m.updatedAt });
+    }
+  }
+}

@@ -21,7 +21,7 @@
  */
 import { createStorage, type Gpu, writeBuffer } from "../engine/gpu.ts";
 import { BYTES, type DType, encode, WDTYPE } from "../engine/dtype.ts";
-import { bindGroup, type Dispatch, grid, params, pipeline, uniform } from "./dispatch.ts";
+import { bindGroup, type Dispatch, grid, params, pipeline, uniform, wgsl } from "./dispatch.ts";
 
 /** A weight tensor resident on the GPU: W[rows, cols] row-major, packed per docs/internals.md. */
 export interface WeightBuffer {
@@ -254,6 +254,7 @@ export function matmulDispatch(gpu: Gpu, buffers: MatmulBuffers, opts: MatmulOpt
     if (swiglu && t.rpw % 2) fail(label, `swiglu needs an even rows-per-workgroup; got ${t.rpw}`);
     const groups = grid(Math.ceil(n / (swiglu ? t.rpw / 2 : t.rpw)));
     const pipe = pipeline(gpu, "matmul_vec.wgsl", {
+      prelude: wgsl("matmul_common.wgsl"),
       constants: {
         WDTYPE: WDTYPE[w.dtype],
         K: k,
@@ -282,6 +283,7 @@ export function matmulDispatch(gpu: Gpu, buffers: MatmulBuffers, opts: MatmulOpt
   const groups = grid(count);
   const t = { ...TILED_TUNING, ...opts.tiled };
   const pipe = pipeline(gpu, tiled ? "matmul.wgsl" : "matmul_naive.wgsl", {
+    prelude: wgsl("matmul_common.wgsl"),
     constants: tiled
       ? {
         WDTYPE: WDTYPE[w.dtype],

@@ -1,3 +1,4 @@
+// kernels/matmul.ts prepends matmul_common.wgsl: WDTYPE, NORM, SWIGLU, unpack2, w_row, store_out.
 // Tiled matmul for prefill (M > 8 rows): y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n]).
 // A workgroup of 16 x 16 threads owns a 64 x 64 tile of y; each thread a 4 x 4 block of it.
 // K advances in steps of BK: the x and W tiles of the step are loaded into workgroup memory
@@ -19,12 +20,9 @@
 //   alternate gate, up of consecutive outputs (the loaders map them to rows of W), so each
 //   thread's four columns are two whole pairs and y[m, n] = silu(gate) * up needs no exchange.
 
-override WDTYPE: u32 = 1u; // 0 = f32, 1 = f16, 2 = bf16
 override BK: u32 = 8u; // k per step, a multiple of 8
 // 16-bit W with K even: rows start on a word, so a thread's pairs of k are single u32 loads.
 override PAIRS: bool = false;
-override NORM: bool = false; // fold RMSNorm(x) * nw into the product
-override SWIGLU: bool = false; // W is gate/up interleaved; y = silu(gate) * up
 
 const BM: u32 = 64u; // tile rows (m)
 const BN: u32 = 64u; // tile columns (n)
@@ -54,13 +52,6 @@ struct Params {
 var<workgroup> xt: array<vec4<f32>, BK * BM / 4u>; // [k][m / 4]
 var<workgroup> wt: array<vec4<f32>, BK * BN / 4u>; // [k][n / 4]
 
-fn unpack2(word: u32) -> vec2<f32> {
-  if (WDTYPE == 1u) {
-    return unpack2x16float(word);
-  }
-  return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
-}
-
 fn weight_at(i: u32) -> f32 {
   if (WDTYPE == 0u) {
     return bitcast<f32>(w[i]);
@@ -70,16 +61,6 @@ fn weight_at(i: u32) -> f32 {
     return unpack2x16float(word)[i & 1u];
   }
   return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
-}
-
-// Row of W holding the gate (half 0) or up (half 1) weights of output n: blocks of p.block
-// gate rows, then the matching p.block up rows; the last block may be partial (F % p.block).
-fn w_row(n: u32, half: u32) -> u32 {
-  if (!SWIGLU) {
-    return n;
-  }
-  let b0 = n - n % p.block; // first output of n's block
-  return 2u * b0 + half * min(p.block, p.n - b0) + (n - b0);
 }
 
 // Columns of the product: N, or 2F with SWIGLU (gate, up of output c / 2 at c even, odd).
@@ -95,43 +76,18 @@ fn col_row(c: u32) -> u32 {
   return c;
 }
 
-// Writes y[m, n] from the sum `a` (the gate's with SWIGLU) and `b` (the up's with SWIGLU).
-fn store1(m: u32, n: u32, a: f32, b: f32) {
-  if (n >= p.n) {
-    return;
-  }
-  var r = a;
-  if (SWIGLU) {
-    var g = a;
-    var u = b;
-    if ((p.flags & 1u) != 0u) {
-      g += bias[w_row(n, 0u)];
-      u += bias[w_row(n, 1u)];
-    }
-    // silu(g) = g * sigmoid(g); exp(-g) overflows to inf for g << 0, giving -0, the right limit.
-    r = g / (1.0 + exp(-g)) * u;
-  } else if ((p.flags & 1u) != 0u) {
-    r += bias[n];
-  }
-  let o = p.y_offset + m * p.y_stride + n;
-  if ((p.flags & 2u) != 0u) {
-    r += y[o];
-  }
-  y[o] = r;
-}
-
 // Writes row m of the thread's 4 product columns c0.. (c0 a multiple of 4).
 fn store(m: u32, c0: u32, v: vec4<f32>) {
   if (m >= p.m) {
     return;
   }
   if (SWIGLU) {
-    store1(m, c0 / 2u, v.x, v.y);
-    store1(m, c0 / 2u + 1u, v.z, v.w);
+    store_out(m, c0 / 2u, v.x, v.y);
+    store_out(m, c0 / 2u + 1u, v.z, v.w);
     return;
   }
   for (var c = 0u; c < 4u; c++) {
-    store1(m, c0 + c, v[c], 0.0);
+    store_out(m, c0 + c, v[c], 0.0);
   }
 }
 

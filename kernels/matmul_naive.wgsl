@@ -1,3 +1,4 @@
+// kernels/matmul.ts prepends matmul_common.wgsl: WDTYPE, NORM, SWIGLU, unpack2, w_row, store_out.
 // Naive matmul, the plain statement of the contract and the path for shapes the fast kernels
 // do not take (decode rows with K not a multiple of the vector width):
 //   y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n])
@@ -12,9 +13,6 @@
 //   computes both rows of its output and writes silu(gate) * up.
 
 override WG: u32 = 64u; // a power of two (the tree reduction halves it)
-override WDTYPE: u32 = 1u; // 0 = f32, 1 = f16, 2 = bf16
-override NORM: bool = false; // fold RMSNorm(x) * nw into the product
-override SWIGLU: bool = false; // W is gate/up interleaved; y = silu(gate) * up
 
 struct Params {
   m: u32,
@@ -48,16 +46,6 @@ fn weight_at(i: u32) -> f32 {
     return unpack2x16float(word)[i & 1u];
   }
   return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
-}
-
-// Row of W holding the gate (half 0) or up (half 1) weights of output n: blocks of p.block
-// gate rows, then the matching p.block up rows; the last block may be partial (F % p.block).
-fn w_row(n: u32, half: u32) -> u32 {
-  if (!SWIGLU) {
-    return n;
-  }
-  let b0 = n - n % p.block; // first output of n's block
-  return 2u * b0 + half * min(p.block, p.n - b0) + (n - b0);
 }
 
 // 1 / rms of row m of x, reduced over the workgroup (call in uniform control flow).
@@ -109,21 +97,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       acc_up += xv * weight_at(up + k);
     }
   }
-  acc *= inv;
-  if (SWIGLU) {
-    acc_up *= inv;
-    if ((p.flags & 1u) != 0u) {
-      acc += bias[w_row(n, 0u)];
-      acc_up += bias[w_row(n, 1u)];
-    }
-    // silu(g) = g * sigmoid(g); exp(-g) overflows to inf for g << 0, giving -0, the right limit.
-    acc = acc / (1.0 + exp(-acc)) * acc_up;
-  } else if ((p.flags & 1u) != 0u) {
-    acc += bias[n];
-  }
-  let o = p.y_offset + m * p.y_stride + n;
-  if ((p.flags & 2u) != 0u) {
-    acc += y[o];
-  }
-  y[o] = acc;
+  store_out(m, n, acc * inv, acc_up * inv);
 }

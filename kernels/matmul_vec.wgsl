@@ -1,3 +1,4 @@
+// kernels/matmul.ts prepends matmul_common.wgsl: WDTYPE, NORM, SWIGLU, unpack2, w_row, store_out.
 // Matmul for decode (M = 1..8 rows of x): y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n]).
 // Memory bound: W is read exactly once, in 16-byte vec4<u32> loads ("units": 8 halves or 4 f32),
 // and each unit is applied to all M rows of x.
@@ -21,14 +22,11 @@
 //
 // Requires K % 8 == 0 (16-bit W) or K % 4 == 0 (f32 W); the wrapper falls back otherwise.
 
-override WDTYPE: u32 = 1u; // 0 = f32, 1 = f16, 2 = bf16
 override K: u32 = 64u; // columns of W and x
 override MROWS: u32 = 1u; // rows of x, 1..8
 override TPR: u32 = 64u; // threads per row of W, a power of two
 override RPW: u32 = 4u; // rows of W per workgroup (even with SWIGLU)
 override UNROLL: u32 = 4u; // units loaded per thread per step: 1, 2 or 4
-override NORM: bool = false; // fold RMSNorm(x) * nw into the product
-override SWIGLU: bool = false; // W is gate/up interleaved; y = silu(gate) * up
 
 struct Params {
   n: u32, // columns of y (F with SWIGLU)
@@ -53,24 +51,6 @@ struct Params {
 // backend zero-fills workgroup arrays with one constructor term per element, and llvmpipe's
 // compile time grows steeply with the total.
 var<workgroup> red: array<vec4<f32>, TPR * RPW>;
-
-// Two 16-bit weights of one word, even element first.
-fn unpack2(word: u32) -> vec2<f32> {
-  if (WDTYPE == 1u) {
-    return unpack2x16float(word);
-  }
-  return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
-}
-
-// Row of W holding the gate (half 0) or up (half 1) weights of output n: blocks of p.block
-// gate rows, then the matching p.block up rows; the last block may be partial (F % p.block).
-fn w_row(n: u32, half: u32) -> u32 {
-  if (!SWIGLU) {
-    return n;
-  }
-  let b0 = n - n % p.block; // first output of n's block
-  return 2u * b0 + half * min(p.block, p.n - b0) + (n - b0);
-}
 
 // Unit u of a row of W widened to f32 (columns 0, 1: 8 halves; column 0: 4 f32), times the
 // norm weights of its columns with NORM. Widened once, applied to every row of x.
@@ -162,29 +142,6 @@ fn inv_rms(lid: u32, j: u32, m0: u32) -> vec4<f32> {
   return inverseSqrt(reduce(lid, j, squares(m0, j)) / f32(K) + p.eps);
 }
 
-// Writes output n of row m from its reduced sums: `a` (the row's sum, or the gate's with
-// SWIGLU) and `b` (the up sum with SWIGLU).
-fn store(n: u32, m: u32, a: f32, b: f32) {
-  var v = a;
-  if (SWIGLU) {
-    var g = a;
-    var u = b;
-    if ((p.flags & 1u) != 0u) {
-      g += bias[w_row(n, 0u)];
-      u += bias[w_row(n, 1u)];
-    }
-    // silu(g) = g * sigmoid(g); exp(-g) overflows to inf for g << 0, giving -0, the right limit.
-    v = g / (1.0 + exp(-g)) * u;
-  } else if ((p.flags & 1u) != 0u) {
-    v += bias[n];
-  }
-  let o = p.y_offset + m * p.y_stride + n;
-  if ((p.flags & 2u) != 0u) {
-    v += y[o];
-  }
-  y[o] = v;
-}
-
 // Stores rows m0..m0+3 (those below MROWS) of output n from this row's reduced sums `s`, scaled
 // by `inv` (1 / rms of the rows). With SWIGLU, the gate row's thread takes the up sums from the
 // next row of the workgroup.
@@ -195,7 +152,7 @@ fn finish(lid: u32, n: u32, m0: u32, s: vec4<f32>, inv: vec4<f32>) {
   }
   let a = s * inv;
   for (var m = m0; m < min(MROWS, m0 + 4u); m++) {
-    store(n, m, a[m - m0], up[m - m0]);
+    store_out(m, n, a[m - m0], up[m - m0]);
   }
 }
 

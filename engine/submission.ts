@@ -43,6 +43,10 @@ export class Submission {
     readonly o: SubmissionOptions,
   ) {
     const d = decoder, dev = d.gpu.device, S = d.opts.maxSlots;
+    // Errors of this submission reject `done` (the engine then fails the requests it served)
+    // instead of only being logged while garbage tokens stream on.
+    dev.pushErrorScope("validation");
+    dev.pushErrorScope("out-of-memory");
     const enc = dev.createCommandEncoder();
     const pass = enc.beginComputePass();
     encode(pass, dispatches);
@@ -60,10 +64,16 @@ export class Submission {
       enc.copyBufferToBuffer(d.topRing, from, this.#top, 0, o.steps * stride);
     }
     dev.queue.submit([enc.finish()]);
+    const oom = dev.popErrorScope(), invalid = dev.popErrorScope();
     this.done = Promise.all([
+      invalid,
+      oom,
       this.#staging.mapAsync(GPUMapMode.READ),
       this.#top?.mapAsync(GPUMapMode.READ),
-    ]).then(() => {});
+    ]).then(([a, b]) => {
+      const e = a ?? b;
+      if (e) throw new Error(`internal error: the GPU rejected a submission: ${e.message}`);
+    });
   }
 
   /**

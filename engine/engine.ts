@@ -249,8 +249,19 @@ export class Engine implements EngineLike {
     if (this.#running) return;
     this.#running = true;
     this.#loop().catch((e) => {
-      // A GPU or internal failure ends every request with the error; the engine stays usable.
-      for (const s of [...this.#waiting, ...this.#slots]) s?.fail(e);
+      // A GPU or internal failure ends every request with the error and drops their KV (it may
+      // be garbage); slots are stopped on the GPU, so the engine stays usable.
+      const q = this.gpu.device.queue;
+      for (const seq of [...this.#waiting, ...this.#slots]) {
+        if (!seq) continue;
+        seq.fail(e);
+        if (seq.slot >= 0) {
+          q.writeBuffer(this.decoder.step.slotState, seq.slot * 16, Uint32Array.of(1, 0, 0, 0));
+          seq.slot = -1;
+        }
+        seq.blocks.free();
+        this.#sessions.abandon(seq.request.sessionId);
+      }
       this.#waiting = [];
       this.#slots.fill(undefined);
       this.#inflight = [];

@@ -56,6 +56,15 @@ export class Sessions {
     return true;
   }
 
+  /** After a failed turn: the session keeps no KV (it may be garbage) and is free again. */
+  abandon(id: string | undefined): void {
+    const s = id === undefined ? undefined : this.#map.get(id);
+    if (!s) return;
+    s.blocks.free();
+    s.busy = false;
+    s.info.tokens = 0;
+  }
+
   /** Blocks held by snapshots in the store. */
   storedBlocks(): number {
     return [...this.#stored.values()].reduce((a, b) => a + b, 0);

@@ -1,8 +1,8 @@
 /**
  * The engine: loads a model folder onto the GPU and runs every request through one scheduler.
  * Requests are admitted into batch slots (prefill), then advance together, K steps per GPU
- * submission, with at most `maxInflight` submissions queued; the host reads the token ring once
- * per submission and streams tokens to each request's iterator.
+ * submission, with a few submissions queued ahead (see {@linkcode MAX_INFLIGHT}); the host reads
+ * the token ring once per submission and streams tokens to each request's iterator.
  */
 import type {
   EngineLike,
@@ -60,6 +60,13 @@ export interface EngineModel {
 }
 
 const REGIONS = 8;
+/**
+ * Decode submissions queued at once. A readback lands no sooner than ≈ 10 ms after its work
+ * (Deno polls the device on a timer), so while K ramps up (1, 2, 4, …) the next submissions must
+ * already be queued or the GPU idles: up to four, holding at most 2 × maxSteps steps, so at full
+ * K it is two (the host encodes the next while the GPU runs the other).
+ */
+const MAX_INFLIGHT = 4;
 const TOP_K = 20;
 
 /** A model on the GPU and the scheduler that serves it. */
@@ -275,7 +282,10 @@ export class Engine implements EngineLike {
     while (true) {
       this.#admit();
       const active = this.#slots.some((s) => s && !s.finished && !s.gpuFinished);
-      if (active && this.#inflight.length < 2) {
+      const queued = this.#inflight.reduce((n, sub) => n + sub.o.steps, 0);
+      if (
+        active && this.#inflight.length < MAX_INFLIGHT && queued < 2 * this.opts.maxSteps
+      ) {
         this.#submitDecode();
         continue;
       }

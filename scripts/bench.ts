@@ -15,7 +15,7 @@ import { BLOCK } from "../engine/kv.ts";
 import { status } from "../engine/progress.ts";
 import { sampling, type SamplingOptions } from "../engine/api.ts";
 import { defaultReadBytes, measureReadBandwidth } from "../kernels/read_bandwidth.ts";
-import { profileDecodeStep, type StepProfile } from "./bench_profile.ts";
+import { profileDecodeStep, profilePrefill, type StepProfile } from "./bench_profile.ts";
 import {
   bursts,
   type BytesPerToken,
@@ -83,7 +83,7 @@ export interface BenchResult {
   read_bandwidth_bytes: number;
   /** bytes_per_token × decode_tok_s[1] / read bandwidth. */
   roofline_fraction: number;
-  /** Per-kernel GPU time of one decode step per batch size (with `profile`). */
+  /** Per-kernel GPU time of one decode step per batch size, then of one prefill chunk (`profile`). */
   profile?: StepProfile[];
   date: string;
   deno: string;
@@ -168,6 +168,9 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
         const meanContext = Math.round(o.promptLen + o.newTokens / 2);
         profile.push(await profileDecodeStep(engine, { slots: b, context: meanContext }));
       }
+      const tokens = Math.min(o.promptLen, engine.decoder.opts.maxChunk);
+      status(`bench: profiling one prefill chunk of ${tokens} tokens`);
+      profile.push(await profilePrefill(engine, { tokens }));
     }
   }
 

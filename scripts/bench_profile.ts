@@ -1,12 +1,12 @@
 /**
- * Where a decode step's GPU time goes: every dispatch of one step in its own compute pass with
- * timestamps, summed per kernel label over the layers (`bench --profile`). One pass per dispatch
+ * Where a decode step's (or a prefill chunk's) GPU time goes: every dispatch in its own compute
+ * pass with timestamps, summed per kernel label over the layers (`bench --profile`). One pass per dispatch
  * removes overlap between neighbours and adds a little per-pass cost, so the step is also timed
  * as one pass for comparison.
  */
 import type { Engine } from "../engine/engine.ts";
 import { timePasses } from "../engine/gpu_timing.ts";
-import { encode } from "../kernels/dispatch.ts";
+import { type Dispatch, encode } from "../kernels/dispatch.ts";
 
 /** GPU time of one kernel label, summed over its dispatches in the step. */
 export interface KernelTime {
@@ -18,11 +18,14 @@ export interface KernelTime {
   us: number;
 }
 
-/** {@linkcode profileDecodeStep}'s result. */
+/** {@linkcode profileDecodeStep}'s and {@linkcode profilePrefill}'s result. */
 export interface StepProfile {
+  /** Batch slots the step advances (1 for a prefill chunk). */
   slots: number;
-  /** Tokens in each slot's KV cache during the step. */
+  /** Tokens in each slot's KV cache during the step (a prefill: the chunk's tokens). */
   context: number;
+  /** Set for a prefill chunk. */
+  prefill?: boolean;
   dispatches: number;
   /** Largest first. */
   kernels: KernelTime[];
@@ -58,10 +61,53 @@ export async function profileDecodeStep(
   options: ProfileOptions,
 ): Promise<StepProfile> {
   const { slots, context } = options;
-  const iterations = options.iterations ?? 5;
-  const d = engine.decoder, gpu = engine.gpu;
-  gpu.device.queue.writeBuffer(d.step.seqLen, 0, new Uint32Array(slots).fill(context));
+  const d = engine.decoder;
+  engine.gpu.device.queue.writeBuffer(d.step.seqLen, 0, new Uint32Array(slots).fill(context));
   const dispatches = d.decodeStep(slots, 0, 0, false);
+  return { slots, context, ...await profileDispatches(engine, dispatches, options.iterations) };
+}
+
+/** Options for {@linkcode profilePrefill}. */
+export interface PrefillProfileOptions {
+  /** Prompt tokens in the chunk (at most the engine's `maxChunk`). */
+  tokens: number;
+  /** Timed repetitions; medians are reported (default 5). */
+  iterations?: number;
+}
+
+/**
+ * Times one prefill chunk of `tokens` tokens at position 0 of slot 0, dispatch by dispatch. Run
+ * it only while the engine is idle: slot 0's block table is pointed at the trash block first, so
+ * the chunk's KV writes land where no request reads; the next admission rewrites the table.
+ *
+ * @throws Error when the device has no `timestamp-query` or `tokens` exceeds `maxChunk`.
+ */
+export async function profilePrefill(
+  engine: Engine,
+  options: PrefillProfileOptions,
+): Promise<StepProfile> {
+  const d = engine.decoder, T = options.tokens;
+  if (!(T >= 1 && T <= d.opts.maxChunk)) {
+    throw new Error(`prefill profile: tokens must be 1..${d.opts.maxChunk}; got ${T}`);
+  }
+  const q = engine.gpu.device.queue;
+  q.writeBuffer(d.blockTable, 0, new Uint32Array(d.maxBlocks)); // block 0 of every row: trash
+  d.writePrefill(Array.from({ length: T }, (_, i) => (i * 7919) % d.cfg.vocabSize), 0, 0);
+  const dispatches = d.prefill(T, { slot: 0, pos0: 0, last: false, region: 0, withTop: false });
+  return {
+    slots: 1,
+    context: T,
+    prefill: true,
+    ...await profileDispatches(engine, dispatches, options.iterations),
+  };
+}
+
+async function profileDispatches(
+  engine: Engine,
+  dispatches: Dispatch[],
+  iterations = 5,
+): Promise<Omit<StepProfile, "slots" | "context">> {
+  const gpu = engine.gpu;
   const alone = dispatches.map((x) => (pass: GPUComputePassEncoder) => encode(pass, [x]));
   const whole = (pass: GPUComputePassEncoder) => encode(pass, dispatches);
   await timePasses(gpu, [...alone, whole]); // warm-up
@@ -83,8 +129,6 @@ export async function profileDecodeStep(
   const kernels = [...byLabel].map(([label, k]) => ({ label, count: k.count, us: median(k.runs) }))
     .sort((a, b) => b.us - a.us);
   return {
-    slots,
-    context,
     dispatches: dispatches.length,
     kernels,
     sumUs: kernels.reduce((s, k) => s + k.us, 0),
@@ -103,9 +147,11 @@ export function formatProfile(p: StepProfile): string {
   const w = Math.max(6, ...p.kernels.map((k) => k.label.length)) + 2;
   const row = (label: string, count: string, us: number, pct: string) =>
     `${label.padEnd(w)}${count.padStart(5)}${us.toFixed(1).padStart(12)}${pct.padStart(8)}`;
+  const what = p.prefill
+    ? `one prefill chunk of ${p.context} tokens`
+    : `one decode step, batch ${p.slots}, context ${p.context}`;
   return [
-    `GPU time of one decode step, batch ${p.slots}, context ${p.context} ` +
-    `(${p.dispatches} dispatches, one timed pass each)`,
+    `GPU time of ${what} (${p.dispatches} dispatches, one timed pass each)`,
     `${"kernel".padEnd(w)}${"n".padStart(5)}${"µs".padStart(12)}${"%".padStart(8)}`,
     ...p.kernels.map((k) =>
       row(k.label, String(k.count), k.us, `${((100 * k.us) / p.sumUs).toFixed(1)}`)

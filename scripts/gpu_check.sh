@@ -1,34 +1,36 @@
 #!/usr/bin/env bash
-# On the GPU machine (after `bash ../shared/gpu/prepare.sh` and `deno install` here, with carry
-# [".gpu", "node_modules"]): strata vs HF transformers on random TinyLlama- and Qwen2-shape
-# models and on the default model, then `deno task bench` on the TinyLlama shape.
+# On the GPU machine: strata vs HF transformers on random TinyLlama- and Qwen2-shape models and on
+# the default model, then `deno task bench` on the TinyLlama shape. Prepare here with
+# `bash ../shared/gpu/prepare.sh && deno install && bash scripts/gpu_trim_modules.sh` and carry
+# [".gpu"] (the whole node_modules/ does not fit in the device tool's 64 MiB).
 # Usage: bash scripts/gpu_check.sh   (results under $OUT: *.json, log.txt)
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/strata-gpu}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-deno() { bash .gpu/run.sh "$@"; }
+[ -d node_modules ] || cp -a .gpu/nm node_modules
+deno() { bash .gpu/run.sh "$@"; }  # the GPU machine reaches no registry: run with --cached-only
 log() { echo "== $(date +%T) $*" | tee -a "$out/log.txt"; }
 prompt="In the beginning God created the heaven and the earth. And the earth was without form, \
 and void; and darkness was upon the face of the deep. And the Spirit of God moved upon the face"
 
 log "adapter"
-deno run -A .gpu/ceilings.ts 2>&1 | grep -E "read 1GiB wg=256 unroll=4|matvec|dispatch" | tee -a "$out/log.txt"
+deno run -A --cached-only .gpu/ceilings.ts 2>&1 | grep -E "read 1GiB wg=256 unroll=4|matvec|dispatch" | tee -a "$out/log.txt"
 for shape in tinyllama qwen2; do
   log "hf_compare $shape"
   timeout 120 python3 scripts/hf_compare.py make --shape "$shape" --out "/tmp/$shape" 2>&1 | tail -2 | tee -a "$out/log.txt"
-  timeout 90 deno run -A main.ts generate --model "/tmp/$shape" --prompt "$prompt" --max-tokens 24 \
+  timeout 90 bash .gpu/run.sh run -A --cached-only main.ts generate --model "/tmp/$shape" --prompt "$prompt" --max-tokens 24 \
     --json > "$out/${shape}_strata.json" 2>>"$out/log.txt"
   timeout 90 python3 scripts/hf_compare.py check --model "/tmp/$shape" --strata "$out/${shape}_strata.json" \
     2>&1 | tail -1 | tee "$out/${shape}_compare.json" | tee -a "$out/log.txt"
 done
 log "hf_compare default model"
-timeout 60 deno run -A main.ts generate --prompt "The king said" --max-tokens 40 --json \
+timeout 60 bash .gpu/run.sh run -A --cached-only main.ts generate --prompt "The king said" --max-tokens 40 --json \
   > "$out/default_strata.json" 2>>"$out/log.txt"
 timeout 60 python3 scripts/hf_compare.py check --model models/strata-default \
   --strata "$out/default_strata.json" 2>&1 | tail -1 | tee "$out/default_compare.json" | tee -a "$out/log.txt"
 log "bench"
-timeout 240 deno task bench --shape tinyllama-1.1b --batch 1,8,32 --prompt-len 128 \
+timeout 240 bash .gpu/run.sh run -A --cached-only scripts/bench.ts --shape tinyllama-1.1b --batch 1,8,32 --prompt-len 512 \
   --new-tokens 256 --out "$out/bench.json" --profile 2>&1 | tail -60 | tee -a "$out/log.txt"
 log "done"

@@ -44,8 +44,10 @@ def make(shape: str, out: str) -> None:
     else:
         model = Qwen2ForCausalLM(Qwen2Config(**s, **common, use_sliding_window=False))
     with torch.no_grad():
-        # Larger embeddings and biases give peaked logits (a flat model tests nothing).
-        model.model.embed_tokens.weight.normal_(0, 1.0)
+        # Larger embeddings and biases give peaked logits (a flat model tests nothing). Tied
+        # embeddings are also the LM head: at std 1 the logits saturate (every logprob is 0 and
+        # the input token always wins), so they get std 0.15 (logit std ~4 over normed states).
+        model.model.embed_tokens.weight.normal_(0, 0.15 if s["tie_word_embeddings"] else 1.0)
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0, 0.5)

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Copies node_modules/ into .gpu/nm without what the GPU machine never loads (the test-only
+# packages openai and playwright-core, CommonJS builds, type declarations, source maps), so that
+# the working tree plus .gpu/ fits the device tool's 64 MiB. scripts/gpu_check.sh restores it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf .gpu/nm && mkdir -p .gpu/nm && cp -a node_modules/. .gpu/nm/
+cd .gpu/nm/.deno
+for p in openai@*/node_modules/openai playwright-core@*/node_modules/playwright-core; do
+  find $p -mindepth 1 -maxdepth 1 ! -name package.json -exec rm -rf {} +
+done
+rm -rf hono@*/node_modules/hono/dist/cjs hono@*/node_modules/hono/dist/types
+find . \( -name "*.d.ts" -o -name "*.map" -o -name "*.d.cts" -o -name "*.d.mts" \) -delete
+cd ../..
+du -sh . | sed 's/^/.gpu: /'

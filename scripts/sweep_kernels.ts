@@ -1,0 +1,188 @@
+/**
+ * Launch-shape sweep of the decode kernels on real layer shapes: every projection of a synthetic
+ * model (QKV + norm, o +=, gate/up + norm + SwiGLU, down +=, LM head + norm) at several M, and
+ * decode attention at several batch sizes and contexts. Each timing is one pass over the
+ * projection of every layer (distinct weights, as in a real step, so W is not L2-resident),
+ * median of `--iterations`; the table gives µs per call and the weight read rate.
+ *
+ *   deno run -A scripts/sweep_kernels.ts [--shape tinyllama-1.1b] [--m 1,8,32]
+ *     [--variants '[{}, {"path": "tiled"}]'] [--contexts 640,2048] [--batches 1,8,32]
+ *     [--attn-variants '[{}]'] [--out FILE]
+ *
+ * A variant is a partial `MatmulOptions` (kernels/matmul.ts) or a partial attention-decode
+ * options object (kernels/attention_decode.ts), merged over what the engine would pass.
+ */
+import { parseArgs } from "node:util";
+import { createStorage, getGpu, type Gpu } from "../engine/gpu.ts";
+import { timePasses } from "../engine/gpu_timing.ts";
+import { shapeConfig, syntheticWeights } from "../engine/synthetic.ts";
+import { type Dispatch, encode } from "../kernels/dispatch.ts";
+import { matmulDispatch, type MatmulOptions, type WeightBuffer } from "../kernels/matmul.ts";
+import { attentionDecodeDispatches } from "../kernels/attention_decode.ts";
+import { fillRandomDispatch } from "../kernels/fill_random.ts";
+
+/** One timed configuration. */
+export interface SweepRow {
+  kernel: string;
+  m: number;
+  variant: string;
+  usPerCall: number;
+  gbPerS?: number;
+}
+
+async function timeCalls(gpu: Gpu, calls: Dispatch[], iterations: number): Promise<number> {
+  const body = (pass: GPUComputePassEncoder) => encode(pass, calls);
+  await timePasses(gpu, [body]);
+  const ns: number[] = [];
+  for (let i = 0; i < iterations; i++) ns.push((await timePasses(gpu, [body]))[0]);
+  ns.sort((a, b) => a - b);
+  return ns[ns.length >> 1] / 1000 / calls.length;
+}
+
+function random(gpu: Gpu, floats: number, seed: number): GPUBuffer {
+  const b = createStorage(gpu, floats * 4, undefined, "sweep random");
+  const d = fillRandomDispatch(gpu, b, { count: floats, dtype: "f32", scale: 1, seed });
+  const enc = gpu.device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  encode(pass, [d]);
+  pass.end();
+  gpu.device.queue.submit([enc.finish()]);
+  return b;
+}
+
+async function main(): Promise<void> {
+  const { values: v } = parseArgs({
+    options: {
+      shape: { type: "string", default: "tinyllama-1.1b" },
+      m: { type: "string", default: "1,8,32" },
+      variants: { type: "string", default: "[{}]" },
+      batches: { type: "string", default: "1,8,32" },
+      contexts: { type: "string", default: "640,2048" },
+      "attn-variants": { type: "string", default: "[{}]" },
+      iterations: { type: "string", default: "5" },
+      out: { type: "string" },
+    },
+  });
+  const list = (s: string) => s.split(",").filter(Boolean).map(Number);
+  const iterations = Number(v.iterations);
+  const gpu = await getGpu();
+  const cfg = shapeConfig(v.shape!);
+  console.error(`sweep: ${v.shape} on ${gpu.adapterName}`);
+  const w = await syntheticWeights(gpu, cfg, { dtype: "f16" });
+  const { hiddenSize: H, intermediateSize: F, nHeads, nKvHeads, headDim: D } = cfg;
+  const eps = cfg.rmsEps;
+  const rows: SweepRow[] = [];
+  const ms = list(v.m);
+  const maxM = Math.max(...ms);
+  const x = random(gpu, maxM * Math.max(H, F), 1);
+  const y = createStorage(gpu, maxM * Math.max(2 * F, cfg.vocabSize, 3 * H) * 4, undefined, "y");
+  const projections: [string, (l: number) => WeightBuffer, Partial<MatmulOptions>, boolean][] = [
+    ["qkv +norm", (l) => w.layers[l].qkv, {}, true],
+    ["o +=", (l) => w.layers[l].o, { accumulate: true }, false],
+    ["gate/up +norm swiglu", (l) => w.layers[l].gateUp, { swiglu: true }, true],
+    ["down +=", (l) => w.layers[l].down, { accumulate: true }, false],
+  ];
+  for (const variantText of JSON.parse(v.variants!) as Partial<MatmulOptions>[]) {
+    const variant = JSON.stringify(variantText);
+    for (const m of ms) {
+      for (const [kernel, weight, extra, norm] of projections) {
+        const calls = w.layers.map((layer, l) =>
+          matmulDispatch(gpu, {
+            x,
+            w: weight(l),
+            y,
+            ...(norm ? { normWeight: layer.attnNorm } : {}),
+          }, { m, eps, ...extra, ...variantText })
+        );
+        rows.push(await row(kernel, m, variant, calls, weight(0)));
+      }
+      const head = w.lmHead.map((chunk) =>
+        matmulDispatch(gpu, { x, w: chunk, y, normWeight: w.norm }, { m, eps, ...variantText })
+      );
+      rows.push(await row("lm head +norm", m, variant, head, w.lmHead[0]));
+    }
+  }
+
+  async function row(
+    kernel: string,
+    m: number,
+    variant: string,
+    calls: Dispatch[],
+    wb: WeightBuffer,
+  ): Promise<SweepRow> {
+    try {
+      const us = await timeCalls(gpu, calls, iterations);
+      const bytes = wb.rows * wb.cols * (wb.dtype === "f32" ? 4 : 2);
+      const r = { kernel, m, variant, usPerCall: us, gbPerS: bytes / us / 1e3 };
+      console.log(
+        `${kernel.padEnd(22)} M=${String(m).padEnd(3)} ${variant.padEnd(40)} ` +
+          `${us.toFixed(1).padStart(8)} µs ${r.gbPerS.toFixed(0).padStart(6)} GB/s ` +
+          `(${calls[0].label})`,
+      );
+      return r;
+    } catch (e) {
+      console.log(`${kernel} M=${m} ${variant}: ${(e as Error).message}`);
+      return { kernel, m, variant, usPerCall: NaN };
+    }
+  }
+
+  // Decode attention over a pool of 4 layers, every slot at `context` keys.
+  const layers = 4, BLOCK = 16;
+  for (const attnText of JSON.parse(v["attn-variants"]!) as Record<string, unknown>[]) {
+    const variant = JSON.stringify(attnText);
+    for (const S of list(v.batches)) {
+      for (const context of list(v.contexts)) {
+        const perSeq = Math.ceil(context / BLOCK);
+        const maxBlocks = perSeq + 1;
+        const blocks = S * perSeq + 1;
+        const poolFloats = blocks * layers * nKvHeads * BLOCK * D;
+        if (poolFloats * 4 > gpu.maxBinding) continue;
+        const kPool = random(gpu, poolFloats, 2), vPool = random(gpu, poolFloats, 3);
+        const q = random(gpu, S * nHeads * D, 4);
+        const out = createStorage(gpu, S * nHeads * D * 4, undefined, "attn out");
+        const table = new Uint32Array(S * maxBlocks);
+        for (let s = 0; s < S; s++) {
+          for (let b = 0; b < perSeq; b++) table[s * maxBlocks + b] = 1 + s * perSeq + b;
+        }
+        const blockTable = createStorage(gpu, table.byteLength, undefined, "table");
+        gpu.device.queue.writeBuffer(blockTable, 0, table);
+        const seqLen = createStorage(gpu, S * 4, undefined, "seq_len");
+        gpu.device.queue.writeBuffer(seqLen, 0, new Uint32Array(S).fill(context));
+        const calls: Dispatch[] = [];
+        for (let rep = 0; rep < 22; rep++) {
+          calls.push(
+            ...attentionDecodeDispatches(gpu, { q, kPool, vPool, blockTable, seqLen, out }, {
+              seqs: S,
+              nHeads,
+              nKvHeads,
+              headDim: D,
+              layer: rep % layers,
+              nLayers: layers,
+              maxBlocks,
+              maxContext: context,
+              ...attnText,
+            }),
+          );
+        }
+        try {
+          const us = (await timeCalls(gpu, calls, iterations)) * calls.length / 22;
+          const kvBytes = S * context * nKvHeads * D * 2 * 4;
+          rows.push({ kernel: `attention ctx ${context}`, m: S, variant, usPerCall: us });
+          console.log(
+            `attention ctx ${String(context).padEnd(5)} S=${String(S).padEnd(3)} ` +
+              `${variant.padEnd(40)} ${us.toFixed(1).padStart(8)} µs/layer ` +
+              `${(kvBytes / us / 1e3).toFixed(0).padStart(6)} GB/s (${
+                calls.length / 22
+              } dispatches)`,
+          );
+        } catch (e) {
+          console.log(`attention ctx ${context} S=${S} ${variant}: ${(e as Error).message}`);
+        }
+        for (const b of [kPool, vPool, q, out, blockTable, seqLen]) b.destroy();
+      }
+    }
+  }
+  if (v.out) await Deno.writeTextFile(v.out, JSON.stringify({ adapter: gpu.adapterName, rows }));
+}
+
+if (import.meta.main) await main();

@@ -1,19 +1,53 @@
 /**
- * Decode attention for a ragged batch (flash-decoding: split along the KV length, then combine).
- * See kernels/attention_decode.wgsl.
+ * Decode attention for a ragged batch: each workgroup step takes a chunk of 64 keys (4 threads
+ * per key, online softmax, no long serial loops), in one pass when the batch alone fills the GPU
+ * or the context is short, else split along the KV length (flash-decoding) with a parallel
+ * `combine`. See kernels/attention_decode.wgsl for the kernel and why it looks this way.
+ *
+ * The split heuristic's constants below are reasoned from the H200's shape (132 SMs), not
+ * measured: compare them with `deno run -A scripts/sweep_kernels.ts --m 1 --batches 1,8,32
+ * --contexts 640,2048,4096 --attn-variants '[{}, {"splitSize": 64}, {"splitSize": 1e9}]'`
+ * (default, one split per 64-key chunk, single pass).
  */
-import { createStorage, type Gpu } from "../engine/gpu.ts";
-import { attentionTile } from "./attention.ts";
-import { bindGroup, type Dispatch, grid, params, pipeline, uniform } from "./dispatch.ts";
+import { createStorage, type Gpu, isCpuAdapter } from "../engine/gpu.ts";
+import { bindGroup, type Dispatch, params, pipeline, uniform } from "./dispatch.ts";
 
-const BLOCK = 16;
-const CWG = 64;
+/** Threads of `main`, largest first (the first that fits the budget wins). */
+const THREADS = [256, 128, 64];
+/** Threads per key when scoring (`TPK`): a chunk is `wg / 4` keys. */
+const TPK = 4;
+/** Keys per chunk that the split heuristic counts in (the GPU chunk). */
+const CHUNK = 64;
 /**
- * Most splits the default split size makes. On the H200, batch 1 decode over 512 keys took 59 us
- * with 64-key splits and 179 us with 256-key splits (each workgroup walks its tiles serially);
- * at batch 32 the two were equal.
+ * `seqs · nKvHeads` workgroups from which one pass is enough: about one per SM of an H200 (132),
+ * each streaming its slot's keys, so a split would only add the `combine` dispatch.
  */
-const MAX_SPLITS = 128;
+const FULL_GPU = 128;
+/** Workgroups to aim for when splitting a smaller batch (two per SM). */
+const TARGET_WORKGROUPS = 256;
+/**
+ * Chunks per slot at `maxContext` up to which one pass is kept even for one slot: four serial
+ * chunks should cost about what a second dependent dispatch does (~2 µs on the H200).
+ */
+const SERIAL_CHUNKS = 4;
+/** Most splits (`combine` loads one (m, l) per thread). */
+const MAX_SPLITS = 64;
+/** Threads of `combine`; each holds at most `CMAX` partials. */
+const CWG = 64;
+const CMAX = 16;
+/** Rows and V rows a thread holds (`RMAX`, `VMAX`), partial maxima per row, as in the WGSL. */
+const RMAX = 8;
+const VMAX = 16;
+const MP = 8;
+/** Largest head dim / 4: a scoring thread holds a quarter of a K row, at most 16 vec4. */
+const MAX_D4 = 64;
+/** Workgroup memory on GPUs (12.6 KiB at head dim 64 and GQA 8): several workgroups per SM fit. */
+const GPU_BYTES = 16384;
+/**
+ * Workgroup memory on Mesa llvmpipe through GL, where naga zero-fills workgroup memory one store
+ * per element and compile time grows with the square of that count (see `attentionTile`).
+ */
+const SLOW_COMPILE_BYTES = 2560;
 
 /** Buffers of {@linkcode attentionDecodeDispatches}. */
 export interface AttentionDecodeBuffers {
@@ -40,9 +74,14 @@ export interface AttentionDecodeScratchOptions {
   seqs: number;
   nHeads: number;
   headDim: number;
-  /** Longest context the engine serves; fixes the split count. */
+  /** Longest context the engine serves; with `seqs`, fixes the split count. */
   maxContext: number;
-  /** Keys per split, a multiple of 16 (default: 32, or more to stay within 128 splits). */
+  /** KV heads (default 1: the most splits, so the scratch size is an upper bound). */
+  nKvHeads?: number;
+  /**
+   * Keys per split at `maxContext`: forces `ceil(maxContext / splitSize)` splits (at most 64;
+   * 1 = single pass). Default: the heuristic described at {@linkcode attentionDecodeDispatches}.
+   */
   splitSize?: number;
 }
 
@@ -54,28 +93,102 @@ export interface AttentionDecodeOptions extends AttentionDecodeScratchOptions {
   maxBlocks: number;
   /** Softmax scale (default `1 / sqrt(headDim)`). */
   scale?: number;
-  /** Cap on workgroup memory in bytes (default: see {@linkcode attentionTile}); for tests. */
+  /** Cap on workgroup memory in bytes (default: see {@linkcode attentionDecodeGeometry}). */
   maxTileBytes?: number;
 }
 
-/** Keys per split and split count for these options. */
-function splits(opts: AttentionDecodeScratchOptions): { split: number; count: number } {
+/** Split count for these options: 1 = single pass, no `combine`. */
+function splitCount(opts: AttentionDecodeScratchOptions): number {
+  const cap = Math.min(MAX_SPLITS, CMAX * Math.floor(CWG / (opts.headDim / 4)));
   const context = Math.max(1, opts.maxContext);
-  const split = opts.splitSize ?? BLOCK * Math.max(2, Math.ceil(context / (BLOCK * MAX_SPLITS)));
-  if (!(split >= BLOCK && split % BLOCK === 0)) {
-    throw new Error(`internal error: decode splitSize must be a multiple of 16; got ${split}`);
+  if (opts.splitSize !== undefined) {
+    if (!(Number.isInteger(opts.splitSize) && opts.splitSize >= 1)) {
+      throw new Error(
+        `internal error: decode splitSize must be an integer ≥ 1; got ${opts.splitSize}`,
+      );
+    }
+    return Math.max(1, Math.min(cap, Math.ceil(context / opts.splitSize)));
   }
-  return { split, count: Math.ceil(context / split) };
+  const chunks = Math.ceil(context / CHUNK);
+  const workgroups = opts.seqs * (opts.nKvHeads ?? 1);
+  if (chunks <= SERIAL_CHUNKS || workgroups >= FULL_GPU) return 1;
+  return Math.max(1, Math.min(cap, chunks, Math.ceil(TARGET_WORKGROUPS / workgroups)));
 }
 
 /**
- * Bytes of scratch the decode partials need: `f32 [S, Hq, splits, D + 2]` (m, l, acc).
+ * Bytes of scratch the decode partials need: acc `f32 [S, Hq, splits, D]` then (m, l, 0, 0)
+ * `f32 [S, Hq, splits, 4]`; 0 for a single pass.
  *
  * @example
  * const bytes = attentionDecodeScratchBytes({ seqs: 8, nHeads: 32, headDim: 64, maxContext: 2048 });
  */
 export function attentionDecodeScratchBytes(opts: AttentionDecodeScratchOptions): number {
-  return opts.seqs * opts.nHeads * splits(opts).count * (opts.headDim + 2) * 4;
+  const n = splitCount(opts);
+  return n === 1 ? 0 : opts.seqs * opts.nHeads * n * (opts.headDim + 4) * 4;
+}
+
+/** Workgroup shape of `main` (the WGSL's override constants). */
+export interface AttentionDecodeGeometry {
+  /** Threads: 256, 128 or 64. */
+  wg: number;
+  /** Keys per chunk: `wg / 4`. */
+  keys: number;
+  /** q heads per workgroup (≤ 8), and workgroups per kv head to cover the group. */
+  rows: number;
+  rowGroups: number;
+  /** Rows per round of the final reduction. */
+  rpr: number;
+  /** Workgroup memory, in bytes. */
+  bytes: number;
+}
+
+/** Options for {@linkcode attentionDecodeGeometry}. */
+export interface AttentionDecodeGeometryOptions {
+  headDim: number;
+  /** q heads per kv head. */
+  group: number;
+  /** Workgroup memory to stay within (default 16 KiB; 2.5 KiB on llvmpipe through GL). */
+  maxBytes?: number;
+}
+
+/**
+ * Picks the largest workgroup whose memory fits, all q heads of a kv head (up to 8) before fewer
+ * rows, before fewer threads: q `rows · D` floats, the partial scores `rows · keys` vec4s (shared
+ * with one round of the final sum, `rpr · wg` vec4s), the scores `rows · keys` floats, and small
+ * change. The GL budget gives one or two rows of 32 or 16 keys, which only has to be correct.
+ *
+ * @throws Error ("internal error") when headDim is not a multiple of 4 up to 256, or nothing
+ * fits the budget.
+ * @example
+ * attentionDecodeGeometry(gpu, { headDim: 64, group: 8 }); // on a GPU: 256 threads, 8 x 64 keys
+ */
+export function attentionDecodeGeometry(
+  gpu: Gpu,
+  opts: AttentionDecodeGeometryOptions,
+): AttentionDecodeGeometry {
+  const { headDim: D, group } = opts;
+  const d4 = D / 4;
+  if (!(Number.isInteger(d4) && d4 >= 1 && d4 <= MAX_D4)) {
+    throw new Error(
+      `internal error: decode attention needs a head dim that is a multiple of 4, ≤ 256; got ${D}`,
+    );
+  }
+  const slow = !gpu.hasF16 && isCpuAdapter(gpu);
+  const budget = opts.maxBytes ??
+    Math.min(gpu.maxWorkgroupStorage, slow ? SLOW_COMPILE_BYTES : GPU_BYTES);
+  for (const wg of THREADS) {
+    const keys = wg / TPK, kg = Math.floor(wg / d4);
+    if (kg < 1 || Math.ceil(keys / kg) > VMAX) continue;
+    for (let rowGroups = Math.ceil(group / RMAX); rowGroups <= group; rowGroups++) {
+      const rows = Math.ceil(group / rowGroups);
+      for (let rpr = Math.min(rows, 2); rpr >= 1; rpr--) {
+        const bytes = 16 * rows * d4 + 16 * Math.max(rows * keys, rpr * kg * d4) +
+          4 * rows * keys + 4 * rows * MP + 4 * rows + 4 * 2 * (keys / 16) + 4;
+        if (bytes <= budget) return { wg, keys, rows, rowGroups, rpr, bytes };
+      }
+    }
+  }
+  throw new Error(`internal error: decode attention head dim ${D} does not fit ${budget} bytes`);
 }
 
 const shared = new WeakMap<GPUDevice, GPUBuffer>();
@@ -92,10 +205,12 @@ function sharedScratch(gpu: Gpu, bytes: number): GPUBuffer {
 
 /**
  * Builds decode attention for `seqs` slots: slot s's query (row s of `q`, position
- * `seqLen[s] - 1`) attends keys `0..seqLen[s]-1` through row s of the block table. Two
- * dispatches: partials per (split, kv head, slot), then the combine. Splits past a slot's length
- * do nothing; a slot with `seqLen` 0 gets zeros. The split count is fixed by `maxContext`; longer
- * sequences stay correct (the last split takes the rest) but lose parallelism.
+ * `seqLen[s] - 1`) attends keys `0..seqLen[s]-1` through row s of the block table; a slot with
+ * `seqLen` 0 gets zeros. One dispatch (a single pass) when `seqs · nKvHeads` workgroups already
+ * fill an H200 (≥ 128) or `maxContext` is at most 256 keys; otherwise up to 64 splits (about 256
+ * workgroups, at most one per 64 keys of `maxContext`) and a `combine` dispatch. Each slot's
+ * chunks are spread over the splits by its own length, so any length stays correct; `maxContext`
+ * only sets the split count.
  *
  * @throws Error ("internal error") on shapes that do not fit, or scratch over the binding limit.
  * @example
@@ -111,15 +226,14 @@ export function attentionDecodeDispatches(
 ): Dispatch[] {
   const { seqs, nHeads, nKvHeads, headDim: D, layer, nLayers, maxBlocks } = opts;
   const group = nHeads / nKvHeads;
-  if (!(seqs >= 1 && Number.isInteger(group) && group >= 1 && D >= 2 && D % 2 === 0)) {
-    throw new Error(
-      `internal error: decode attention seqs ${seqs}, heads ${nHeads}/${nKvHeads}, head dim ${D}`,
-    );
+  if (!(seqs >= 1 && Number.isInteger(group) && group >= 1)) {
+    throw new Error(`internal error: decode attention seqs ${seqs}, heads ${nHeads}/${nKvHeads}`);
   }
   if (!(layer >= 0 && layer < nLayers && maxBlocks >= 1)) {
     throw new Error(`internal error: decode attention layer ${layer} of ${nLayers}`);
   }
-  const { split, count } = splits(opts);
+  const geo = attentionDecodeGeometry(gpu, { headDim: D, group, maxBytes: opts.maxTileBytes });
+  const splits = splitCount(opts);
   const bytes = attentionDecodeScratchBytes(opts);
   if (bytes > gpu.maxBinding) {
     throw new Error(
@@ -127,29 +241,19 @@ export function attentionDecodeDispatches(
         "binding limit; raise splitSize or lower the batch",
     );
   }
-  const scratch = buffers.scratch ?? sharedScratch(gpu, bytes);
+  // A single pass never touches scratch, but `main` declares it, so something is bound.
+  const scratch = buffers.scratch ?? sharedScratch(gpu, Math.max(16, bytes));
   if (scratch.size < bytes) {
     throw new Error(`internal error: decode scratch has ${scratch.size} bytes, needs ${bytes}`);
   }
-  const tile = attentionTile(gpu, {
-    headDim: D,
-    wantRows: group,
-    maxRows: 32,
-    maxBytes: opts.maxTileBytes,
-  });
-  const rowGroups = Math.ceil(group / tile.rows);
-  const combineGroups = grid(Math.ceil((seqs * nHeads * D) / CWG));
   const constants = {
-    WG: tile.wg,
+    WG: geo.wg,
     HD: D,
-    ROWS: tile.rows,
-    KEYS: tile.keys,
-    PARTS: tile.parts,
-    NSPLIT: count,
+    ROWS: geo.rows,
+    RPR: geo.rpr,
     CWG,
   };
-  const partial = pipeline(gpu, "attention_decode.wgsl", { constants });
-  const combine = pipeline(gpu, "attention_decode.wgsl", { constants, entryPoint: "combine" });
+  const main = pipeline(gpu, "attention_decode.wgsl", { constants });
   const scale = opts.scale ?? 1 / Math.sqrt(D);
   const u = uniform(
     gpu,
@@ -158,34 +262,35 @@ export function attentionDecodeDispatches(
       nHeads,
       nKvHeads,
       group,
-      rowGroups,
+      geo.rowGroups,
       layer,
       nLayers,
       maxBlocks,
-      split,
       { f: scale * Math.LOG2E },
-      combineGroups[0],
+      splits,
     ]),
   );
   const b = buffers;
   const label = `attention_decode S${seqs} ${nHeads}/${nKvHeads}x${D} L${layer} ` +
-    `tile ${tile.rows}x${tile.keys}`;
-  return [
-    {
-      label: `${label} partial ${count}x${split}`,
-      pipeline: partial,
-      bindGroup: bindGroup(gpu, partial, [
-        u,
-        b.q,
-        b.kPool,
-        b.vPool,
-        b.blockTable,
-        b.seqLen,
-        scratch,
-      ]),
-      workgroups: [count, nKvHeads * rowGroups, seqs],
-    },
-    {
+    `${geo.rows}x${geo.keys}/${geo.wg}`;
+  const dispatches: Dispatch[] = [{
+    label: splits === 1 ? `${label} single pass` : `${label} ${splits} splits`,
+    pipeline: main,
+    bindGroup: bindGroup(gpu, main, [
+      u,
+      b.q,
+      b.kPool,
+      b.vPool,
+      b.blockTable,
+      b.seqLen,
+      scratch,
+      b.out,
+    ]),
+    workgroups: [splits, nKvHeads * geo.rowGroups, seqs],
+  }];
+  if (splits > 1) {
+    const combine = pipeline(gpu, "attention_decode.wgsl", { constants, entryPoint: "combine" });
+    dispatches.push({
       label: `${label} combine`,
       pipeline: combine,
       // `combine` uses bindings 0, 5, 6, 7 only; the auto layout has no others.
@@ -198,7 +303,8 @@ export function attentionDecodeDispatches(
           { binding: 7, resource: { buffer: b.out } },
         ],
       }),
-      workgroups: combineGroups,
-    },
-  ];
+      workgroups: [nHeads, seqs, 1],
+    });
+  }
+  return dispatches;
 }

@@ -194,11 +194,13 @@ interface DecodeCase {
   headDim: number;
   seqLens: number[];
   maxContext: number;
+  /** Forces the split count (`1 << 30`: a single pass); default: the heuristic. */
   splitSize?: number;
   ownScratch?: boolean;
   maxTileBytes?: number;
 }
 
+const SINGLE = 1 << 30;
 for (
   const c of [
     {
@@ -219,7 +221,7 @@ for (
       maxTileBytes: 2560,
     },
     { nHeads: 4, nKvHeads: 4, headDim: 128, seqLens: [130, 1, 17], maxContext: 200 },
-    // maxContext 40 with splits of 16: the 50-token slot runs past it (the last split takes it).
+    // Three splits, yet every slot fits one chunk: splits 1 and 2 of the NaN scratch stay unread.
     {
       nHeads: 4,
       nKvHeads: 1,
@@ -229,14 +231,69 @@ for (
       splitSize: 16,
       ownScratch: true,
     },
+    // TinyLlama's heads (GQA 8), batch 8, ragged: one pass over up to 10 chunks, then 8 splits.
+    {
+      nHeads: 32,
+      nKvHeads: 4,
+      headDim: 64,
+      seqLens: [640, 1, 0, 77, 129, 16, 17, 300],
+      maxContext: 640,
+      splitSize: SINGLE,
+    },
+    {
+      nHeads: 32,
+      nKvHeads: 4,
+      headDim: 64,
+      seqLens: [640, 1, 0, 77, 129, 16, 17, 300],
+      maxContext: 2048,
+    },
+    // Batch 1, long contexts: 32 and 64 splits of one chunk; a slot far past maxContext.
+    { nHeads: 32, nKvHeads: 4, headDim: 64, seqLens: [2001], maxContext: 2048 },
+    { nHeads: 32, nKvHeads: 4, headDim: 64, seqLens: [4096], maxContext: 4096 },
+    {
+      nHeads: 32,
+      nKvHeads: 4,
+      headDim: 64,
+      seqLens: [1500, 3],
+      maxContext: 512,
+      ownScratch: true,
+    },
+    // Small tiles (as on GL): one q head per workgroup, 32-key chunks.
+    {
+      nHeads: 32,
+      nKvHeads: 4,
+      headDim: 64,
+      seqLens: [640, 1, 0, 77, 300],
+      maxContext: 640,
+      maxTileBytes: 2560,
+    },
+    // Groups that are not a power of two, and more than 8 q heads per kv head (two row groups).
+    { nHeads: 10, nKvHeads: 2, headDim: 64, seqLens: [200, 64, 65], maxContext: 256 },
+    {
+      nHeads: 10,
+      nKvHeads: 2,
+      headDim: 64,
+      seqLens: [200, 64, 65],
+      maxContext: 256,
+      splitSize: 64,
+    },
+    { nHeads: 16, nKvHeads: 1, headDim: 128, seqLens: [300, 5], maxContext: 300 },
+    { nHeads: 4, nKvHeads: 2, headDim: 256, seqLens: [100, 37], maxContext: 128, splitSize: 64 },
   ] as DecodeCase[]
 ) {
   const { nHeads, nKvHeads, headDim: D, seqLens } = c;
   const S = seqLens.length;
-  const extra = c.maxTileBytes ? ` tile <= ${c.maxTileBytes} B` : "";
-  Deno.test(`attention decode ${nHeads}/${nKvHeads}x${D} lens ${seqLens}${extra}`, async () => {
+  const split = c.splitSize === SINGLE
+    ? " single pass"
+    : c.splitSize
+    ? ` split ${c.splitSize}`
+    : "";
+  const extra = split +
+    (c.maxTileBytes ? ` tile <= ${c.maxTileBytes} B` : "");
+  const name = `attention decode ${nHeads}/${nKvHeads}x${D} lens ${seqLens} ctx ${c.maxContext}`;
+  Deno.test(name + extra, async () => {
     const gpu = await testGpu();
-    const r = rng(5 + D);
+    const r = rng(5 + D + S);
     const nLayers = 2, layer = 0;
     const maxBlocks = Math.ceil(Math.max(...seqLens) / 16) + 1;
     const cache = pagedCacheRef(r.next, { seqLens, nLayers, nKvHeads, headDim: D, maxBlocks });
@@ -256,8 +313,10 @@ for (
       splitSize: c.splitSize,
       maxTileBytes: c.maxTileBytes,
     };
+    // An own scratch full of NaN: splits past a slot's end must never be read.
+    const bytes = attentionDecodeScratchBytes(shape);
     const scratch = c.ownScratch
-      ? createStorage(gpu, attentionDecodeScratchBytes(shape))
+      ? createStorage(gpu, bytes, new Float32Array(bytes / 4).fill(NaN))
       : undefined;
     const ds = attentionDecodeDispatches(gpu, {
       q: f32(gpu, q),
@@ -281,6 +340,43 @@ for (
     }
   });
 }
+
+Deno.test("attention decode: one pass when the batch fills the GPU or the context is short", async () => {
+  const gpu = await testGpu();
+  const b = createStorage(gpu, 16);
+  const buffers = { q: b, kPool: b, vPool: b, blockTable: b, seqLen: b, out: b, scratch: b };
+  const plan = (seqs: number, maxContext: number, extra = {}) => {
+    const shape = {
+      seqs,
+      nHeads: 32,
+      nKvHeads: 4,
+      headDim: 64,
+      layer: 0,
+      nLayers: 22,
+      maxBlocks: 1,
+      maxContext,
+      ...extra,
+    };
+    const ds = attentionDecodeDispatches(gpu, { ...buffers, scratch: undefined }, shape);
+    const bytes = attentionDecodeScratchBytes(shape);
+    assert.equal(bytes === 0, ds.length === 1, `${ds[0].label}: ${bytes} bytes of scratch`);
+    return ds.map((d) => d.label.replace(/^.* L0 \S+ /, "")).join(" + ");
+  };
+  assert.equal(plan(32, 2048), "single pass");
+  assert.equal(plan(64, 4096), "single pass");
+  assert.equal(plan(1, 256), "single pass");
+  assert.equal(plan(1, 2048), "32 splits + combine");
+  assert.equal(plan(1, 8192), "64 splits + combine");
+  assert.equal(plan(8, 2048), "8 splits + combine");
+  assert.equal(plan(16, 640), "4 splits + combine");
+  assert.equal(plan(1, 2048, { splitSize: 1 << 30 }), "single pass");
+  assert.equal(
+    plan(1, 2048, { headDim: 256, nHeads: 8, nKvHeads: 4, splitSize: 16 }),
+    "16 splits + combine",
+  );
+  assert.throws(() => plan(1, 64, { headDim: 66 }), /head dim/);
+  assert.throws(() => plan(1, 64, { splitSize: 0 }), /splitSize/);
+});
 
 Deno.test("rope_kv -> prefill attention -> decode attention, end to end", async () => {
   const gpu = await testGpu();

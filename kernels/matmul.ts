@@ -1,23 +1,31 @@
 /**
  * Linear layers: `y[m, n] (+)= Σ_k x[m, k] W[n, k] (+ bias[n])` with W in the Hugging Face
- * `[out, in]` layout and any weight dtype, x and y f32. Three kernels, picked by shape:
+ * `[out, in]` layout and any weight dtype, x and y f32. Three kernels, picked by M:
  *
- * - `vec` (kernels/matmul_vec.wgsl): decode, M ≤ 8 and K a multiple of the vector width.
- *   Bandwidth bound: W read once in 16-byte loads, applied to every row of x. x is read from
- *   global memory (L1-cached): staging it in workgroup memory measured 0.3–0.9× on the H200.
- * - `tiled` (kernels/matmul.wgsl): prefill, M > 8. 64 × 64 output tiles, 4 × 4 per thread.
- * - `naive` (kernels/matmul_naive.wgsl): everything else (M ≤ 8 with an awkward K).
+ * - `small` (kernels/matmul_small.wgsl): decode batches and short prompts, 1 ≤ M ≤ 64, K a
+ *   multiple of 8 (16-bit W) or 4 (f32 W). Register-blocked: a thread holds 4 rows of W × rm
+ *   rows of x (rm ≤ 8), so each 16-byte load of W is applied to rm rows of x from registers and
+ *   each load of x to 4 rows of W. Many small tiles, K split over the threads of a workgroup
+ *   and reduced in workgroup memory; launch shape from {@linkcode smallTuning}.
+ * - `tiled` (kernels/matmul.wgsl): prefill, M > 64. 64 × 64 output tiles, 4 × 4 per thread.
+ * - `naive` (kernels/matmul_naive.wgsl): the plain statement of the contract; serves M ≤ 64
+ *   with an awkward K.
  *
  * Each kernel has two optional fusions that save dispatches in a decoder layer:
  *
  * - RMSNorm folded in (`normWeight`, `eps`): `y = (x / rms(x) ⊙ normWeight) · Wᵀ`. Every
- *   workgroup reduces Σx² of its rows of x itself (K floats per row: cheap next to W).
+ *   workgroup reduces Σx² of its rows of x itself (`small`: all its threads, once).
  * - SwiGLU (`swiglu`): W is the gate/up matrix interleaved by {@linkcode interleaveGateUp} and
  *   `y[m, f] = silu(gate[m, f]) · up[m, f]`.
  *
- * H200 (Vulkan, f16 W, one dependent dispatch ≈ 2.6 µs included): vec M = 1 at 1.4–2.0 TB/s
- * for 2048–2560 × 2048 and 2048 × 5632, ~3 TB/s for 32000 × 2048; tiled 13–17 TFLOP/s at
- * M = 512. Sweep: .gpu/linear/bench.ts (not committed: .gpu/ is ignored).
+ * Why `small` exists (H200 through Vulkan, TinyLlama shapes, f16 W, measured on the kernels it
+ * replaced, with a 4.35 TB/s read ceiling): the `vec` kernel (one row of W per group of
+ * threads, x from L1) reached 0.68 TB/s for qkv with the norm folded in at M = 1 (each
+ * 64-thread workgroup re-reduced Σx² over K for a single row of W) and 1.4–2.1 TB/s without;
+ * at M = 8 it was 4× slower than at M = 1, bound by loads of x (two per row of x per unit of
+ * W); the tiled kernel took 295–801 µs per projection at M = 32 (32–176 workgroups for 132 SMs,
+ * each walking K with two barriers per 8-wide step). The `small` defaults are reasoned, not yet
+ * measured: sweep them with the `small` option. `tiled` reached 13–17 TFLOP/s at M = 512.
  */
 import { createStorage, type Gpu, writeBuffer } from "../engine/gpu.ts";
 import { BYTES, type DType, encode, WDTYPE } from "../engine/dtype.ts";
@@ -63,9 +71,10 @@ export function uploadWeight(
 
 /**
  * Gate/up rows per block of the interleaved layout ({@linkcode interleaveGateUp}) that
- * `swiglu` matmuls read. 1: gate and up rows alternate, so the two rows of a pair are adjacent
- * (one contiguous read per pair in the `vec` kernel; a 64-row tile of the `tiled` kernel holds
- * 32 whole pairs). The kernels take any block size (`swigluBlock`).
+ * `swiglu` matmuls read. 1: gate and up rows alternate, so the rows of W behind a run of
+ * product columns (gate, up, gate, up, …) are adjacent: a `small` thread's 4 columns are 4
+ * consecutive rows, a 64-column `tiled` tile 64. The kernels take any block size
+ * (`swigluBlock`).
  */
 export const SWIGLU_BLOCK = 1;
 
@@ -118,19 +127,26 @@ export function interleaveGateUp(
 }
 
 /** Which kernel computes a matmul; see the module doc. */
-export type MatmulPath = "vec" | "tiled" | "naive";
+export type MatmulPath = "small" | "tiled" | "naive";
 
-/** Launch shape of the `vec` kernel (defaults come from {@linkcode vecTuning}). */
-export interface VecTuning {
-  /** Threads per row of W, splitting K (a power of two). */
-  tpr: number;
-  /** Rows of W per workgroup (the workgroup has tpr * rpw threads). */
-  rpw: number;
-  /** Units (16-byte loads) per thread per step: 1, 2 or 4. */
+/**
+ * Launch shape of the `small` kernel (defaults from {@linkcode smallTuning}). A workgroup has
+ * `tk · tn · tm` threads and owns a tile of `rm · tm` rows of x by `4 · tn` product columns.
+ */
+export interface SmallTuning {
+  /** Rows of x per thread (4 × rm accumulators): 1, 2, 4 or 8. */
+  rm: number;
+  /** Row groups per workgroup (a power of two); they share W through L1. */
+  tm: number;
+  /** Column groups of 4 per workgroup (a power of two); they share x through L1. */
+  tn: number;
+  /** Threads splitting K, unit by unit (a power of two ≥ rm). */
+  tk: number;
+  /** Units (16-byte loads of W) per column per loop iteration: 1 or 2. */
   unroll: number;
 }
 
-/** Launch shape of the `tiled` kernel (64 × 64 tiles of y, 4 × 4 per thread). */
+/** Launch shape of the `tiled` kernel (64 × 64 tiles, 4 × 4 per thread). */
 export interface TiledTuning {
   /** K per step through workgroup memory (a multiple of 8). */
   bk: number;
@@ -171,38 +187,79 @@ export interface MatmulOptions {
   yOffset?: number;
   /** Force a kernel (tests and benchmarks); default {@linkcode matmulPath}. */
   path?: MatmulPath;
-  /** Override the `vec` launch shape (benchmarks). */
-  vec?: Partial<VecTuning>;
+  /** Override the `small` launch shape (benchmarks). */
+  small?: Partial<SmallTuning>;
   /** Override the `tiled` launch shape (benchmarks). */
   tiled?: Partial<TiledTuning>;
 }
 
-/** Largest M the `vec` kernel takes (its accumulators are unrolled per row). */
-export const VEC_MAX_M = 8;
+/** Largest M the `small` kernel takes by default; longer prompts go to `tiled`. */
+export const SMALL_MAX_M = 64;
 
 /** The kernel {@linkcode matmulDispatch} picks for `m` rows of x times `w`. */
 export function matmulPath(m: number, w: WeightBuffer): MatmulPath {
-  if (m > VEC_MAX_M) return "tiled";
-  return w.cols % vecWidth(w.dtype) === 0 ? "vec" : "naive";
+  if (m > SMALL_MAX_M) return "tiled";
+  return w.cols % unitWidth(w.dtype) === 0 ? "small" : "naive";
 }
 
-/** Weights per 16-byte load in the `vec` kernel. */
-function vecWidth(dtype: DType): number {
+/** Weights per 16-byte load of W ("unit") in the `small` kernel. */
+function unitWidth(dtype: DType): number {
   return dtype === "f32" ? 4 : 8;
 }
 
 /**
- * Default `vec` launch shape, from an H200 sweep (f16/bf16, K = 2048 and 5632): 64 threads per
- * row for the layer matrices, 16 for very tall W (the LM head: more rows than threads to fill)
- * and for several rows of x (more work per load). Workgroups of 64 threads measured the same as
- * 256 there and keep the reduction array small (llvmpipe compiles it slowly).
+ * Threads a `small` launch aims for: the H200 has 132 SMs, and a thread of an estimated ~100
+ * registers leaves room for ~512 resident per SM (64K registers). For small M that is also the memory parallelism:
+ * 65536 threads × 4 loads of 16 bytes = 4 MB in flight ≈ 4 TB/s × 1 µs of DRAM latency.
  */
-export function vecTuning(m: number, w: WeightBuffer): VecTuning {
-  const units = w.cols / vecWidth(w.dtype);
-  const unroll = 4;
-  let tpr = m > 4 ? 16 : m > 1 ? 32 : w.rows >= 16384 ? 16 : 64;
-  while (tpr > 1 && tpr * unroll > units) tpr /= 2; // every thread gets at least one full step
-  return { tpr, rpw: 64 / tpr, unroll };
+const SMALL_THREADS = 65536;
+/** Threads per `small` workgroup: one vec4 of workgroup memory each (llvmpipe GL: ≤ 256). */
+const SMALL_GROUP = 256;
+
+const pow2ceil = (v: number) => 2 ** Math.max(0, Math.ceil(Math.log2(v)));
+const pow2floor = (v: number) => 2 ** Math.max(0, Math.floor(Math.log2(v)));
+
+/** Shape of {@linkcode smallTuning}. */
+export interface SmallTuningOptions {
+  /** Rows of x. */
+  m: number;
+  /** Columns of the product: N, or 2F with swiglu (gate and up both count). */
+  cols: number;
+}
+
+/**
+ * Default `small` launch shape for `m` rows of x times `w` (its K and dtype) into `cols`
+ * product columns, from first principles (tune on the GPU with the `small` option):
+ *
+ * - rm: up to 8 rows of x per thread (4 × 8 accumulators; more spills registers). Each unit of
+ *   W feeds 4·rm (16-bit: 8·rm) multiply-adds per 16-byte load.
+ * - tk: a launch has ≈ ⌈m / rm⌉ · cols / 4 · tk threads whatever the tile, so tk is what
+ *   brings it to {@linkcode SMALL_THREADS} (at least rm; at most K's units / unroll, so every
+ *   lane has a full iteration).
+ * - tm, tn: with tk fixed, a workgroup of 256 threads has a fixed tile area; its shape sets the
+ *   L2 → SM traffic per multiply-add, 4 bytes of x / (4·tn) + bytes of W / (rm·tm), minimised
+ *   (ties go to the smaller tm). E.g. TinyLlama, f16, M = 32: o (N = 2048) tk 32 and 8 × 32
+ *   tiles (tm 1, tn 8): 256 workgroups; gate/up (2F = 11264) tk 8 and 16 × 64 tiles (tm 2,
+ *   tn 16): 352 workgroups. M = 1: o tk 128, tn 2 (256 workgroups); LM head tk 16, tn 16.
+ * - unroll: two units per column in flight for rm ≤ 4; one at rm = 8, whose 32 accumulators
+ *   already hold a quarter of a ~128-register budget (a second unit costs 16–32 more).
+ */
+export function smallTuning(w: WeightBuffer, opts: SmallTuningOptions): SmallTuning {
+  const { m, cols } = opts;
+  const rm = Math.min(8, pow2ceil(m));
+  const unroll = rm <= 4 ? 2 : 1;
+  const rowTiles = Math.ceil(m / rm);
+  const units = w.cols / unitWidth(w.dtype);
+  const most = Math.min(SMALL_GROUP, pow2floor(Math.max(1, units / unroll)));
+  const tk = Math.max(rm, Math.min(most, pow2ceil((4 * SMALL_THREADS) / (cols * rowTiles))));
+  const colGroups = pow2ceil(Math.ceil(cols / 4));
+  let best = { tm: 1, tn: 1, cost: Infinity };
+  for (let tm = 1; tm <= pow2ceil(rowTiles) && tk * tm <= SMALL_GROUP; tm *= 2) {
+    const tn = Math.max(1, Math.min(SMALL_GROUP / (tk * tm), colGroups));
+    const cost = 4 / (4 * tn) + BYTES[w.dtype] / (rm * tm);
+    if (cost < best.cost * (1 - 1e-9)) best = { tm, tn, cost };
+  }
+  return { rm, tm: best.tm, tn: best.tn, tk, unroll };
 }
 
 const dummies = new WeakMap<GPUDevice, GPUBuffer>();
@@ -218,8 +275,9 @@ function dummy(gpu: Gpu): GPUBuffer {
  * N, K. With `normWeight`, x is RMS-normalised first; with `swiglu`, W holds interleaved gate/up
  * rows and `y[i, f] = silu(gate) · up`. Built once per shape; re-encode it every step.
  *
- * @throws Error when a buffer is too small, W exceeds the device's largest binding, or the
- *   fusion options do not fit (no `eps` with `normWeight`, odd W rows with `swiglu`).
+ * @throws Error when a buffer is too small, W exceeds the device's largest binding, the
+ *   fusion options do not fit (no `eps` with `normWeight`, odd W rows with `swiglu`), or a
+ *   `small` launch shape is invalid or over the device's workgroup limits.
  * @example
  * // o-projection with the residual add fused: h += attn · Woᵀ
  * const d = matmulDispatch(gpu, { x: attn, w: wo, y: h }, { m: 1, accumulate: true });
@@ -248,24 +306,25 @@ export function matmulDispatch(gpu: Gpu, buffers: MatmulBuffers, opts: MatmulOpt
   const fusion = { NORM: normWeight ? 1 : 0, SWIGLU: swiglu ? 1 : 0 };
   const label = `matmul ${path} ${m}x${n}x${k} ${w.dtype}${buffers.bias ? " +bias" : ""}` +
     (normWeight ? " +norm" : "") + (swiglu ? " swiglu" : "") + (opts.accumulate ? " +=" : "");
-  if (path === "vec") {
-    const t = { ...vecTuning(m, w), ...opts.vec };
-    if (swiglu && opts.vec?.rpw === undefined && t.rpw % 2) t.rpw *= 2; // whole gate/up pairs
-    if (swiglu && t.rpw % 2) fail(label, `swiglu needs an even rows-per-workgroup; got ${t.rpw}`);
-    const groups = grid(Math.ceil(n / (swiglu ? t.rpw / 2 : t.rpw)));
-    const pipe = pipeline(gpu, "matmul_vec.wgsl", {
+  const cols = swiglu ? 2 * n : n; // columns of the product (gate and up both count)
+  if (path === "small") {
+    const t = { ...smallTuning(w, { m, cols }), ...opts.small };
+    checkSmall(gpu, label, t);
+    const groups = grid(Math.ceil(m / (t.rm * t.tm)) * Math.ceil(cols / (4 * t.tn)));
+    const pipe = pipeline(gpu, "matmul_small.wgsl", {
       prelude: wgsl("matmul_common.wgsl"),
       constants: {
         WDTYPE: WDTYPE[w.dtype],
         K: k,
-        MROWS: m,
-        TPR: t.tpr,
-        RPW: t.rpw,
+        RM: t.rm,
+        TM: t.tm,
+        TN: t.tn,
+        TK: t.tk,
         UNROLL: t.unroll,
         ...fusion,
       },
     });
-    const u = uniform(gpu, params([n, groups[0], yStride, yOffset, flags, eps, block]));
+    const u = uniform(gpu, params([m, n, groups[0], yStride, yOffset, flags, eps, block]));
     // Exact sizes: the runtime arrays are vec4, and the buffers may be larger than the tensor.
     const xb = { buffer: x, size: m * k * 4 };
     const wb = { buffer: w.buffer, size: w.rows * k * BYTES[w.dtype] };
@@ -278,7 +337,6 @@ export function matmulDispatch(gpu: Gpu, buffers: MatmulBuffers, opts: MatmulOpt
     };
   }
   const tiled = path === "tiled";
-  const cols = swiglu ? 2 * n : n; // columns of the product (gate and up both count)
   const count = tiled ? Math.ceil(m / 64) * Math.ceil(cols / 64) : m * Math.ceil(n / 64);
   const groups = grid(count);
   const t = { ...TILED_TUNING, ...opts.tiled };
@@ -323,8 +381,8 @@ function check(gpu: Gpu, buffers: MatmulBuffers, s: Shape): void {
   const { x, w, y, bias, normWeight } = buffers;
   const where = `matmul ${s.m}x${s.n}x${s.k} ${w.dtype}`;
   if (!(s.m >= 1 && s.n >= 1 && s.k >= 1)) fail(where, "m, N and K must be >= 1");
-  if (s.path === "vec" && (s.m > VEC_MAX_M || s.k % vecWidth(w.dtype) !== 0)) {
-    fail(where, `the vec kernel needs m <= ${VEC_MAX_M} and K % ${vecWidth(w.dtype)} == 0`);
+  if (s.path === "small" && s.k % unitWidth(w.dtype) !== 0) {
+    fail(where, `the small kernel needs K % ${unitWidth(w.dtype)} == 0`);
   }
   if (s.swiglu && w.rows % 2 !== 0) fail(where, `swiglu needs gate/up rows; W has ${w.rows}`);
   if (s.swiglu && !(Number.isInteger(s.block) && s.block >= 1)) {
@@ -350,5 +408,29 @@ function check(gpu: Gpu, buffers: MatmulBuffers, s: Shape): void {
       fail(where, `normWeight holds ${normWeight.size} bytes; needs ${s.k * 4}`);
     }
     if (!(s.eps !== undefined && s.eps >= 0)) fail(where, "normWeight needs eps >= 0");
+  }
+}
+
+const isPow2 = (v: number) => Number.isInteger(v) && v >= 1 && (v & (v - 1)) === 0;
+
+function checkSmall(gpu: Gpu, label: string, t: SmallTuning): void {
+  const threads = t.tk * t.tn * t.tm;
+  const bytes = threads * 16 + t.rm * t.tm * 4; // the reduction array and the 1 / rms factors
+  if (![1, 2, 4, 8].includes(t.rm)) fail(label, `small rm must be 1, 2, 4 or 8; got ${t.rm}`);
+  if (!isPow2(t.tk) || t.tk < t.rm) {
+    fail(label, `small tk must be a power of two >= rm (${t.rm}); got ${t.tk}`);
+  }
+  if (!isPow2(t.tn) || !isPow2(t.tm)) {
+    fail(label, `small tn and tm must be powers of two; got ${t.tn} and ${t.tm}`);
+  }
+  if (t.unroll !== 1 && t.unroll !== 2) fail(label, `small unroll must be 1 or 2; got ${t.unroll}`);
+  const L = gpu.device.limits;
+  const most = Math.min(L.maxComputeInvocationsPerWorkgroup, L.maxComputeWorkgroupSizeX);
+  if (threads > most || bytes > gpu.maxWorkgroupStorage) {
+    fail(
+      label,
+      `small workgroup of ${threads} threads and ${bytes} bytes is over the device's ` +
+        `${most} threads / ${gpu.maxWorkgroupStorage} bytes`,
+    );
   }
 }

@@ -1,8 +1,8 @@
 /**
  * The matmul fusions (RMSNorm folded into the projection; SwiGLU over interleaved gate/up rows)
- * against their float64 references on seeded random inputs, for every kernel (vec, naive, tiled)
- * and dtype, at awkward sizes: M = 1, 3, 8, 17, 70; K odd and K % 8 == 0; F not divisible by
- * the gate/up block. Each case names the kernel it means to exercise and asserts the wrapper
+ * against their float64 references on seeded random inputs, for every kernel (small, naive,
+ * tiled) and dtype, at awkward sizes: M = 1 .. 70 across the small kernel's launch shapes; K odd
+ * and K % 8 == 0; F odd and not divisible by the gate/up block. Each case names the kernel it means to exercise and asserts the wrapper
  * picked it. Shapes repeat so cases share pipelines (each costs a shader compile on llvmpipe).
  */
 import assert from "node:assert/strict";
@@ -14,6 +14,7 @@ import {
   matmulDispatch,
   type MatmulPath,
   matmulPath,
+  type SmallTuning,
   SWIGLU_BLOCK,
   uploadWeight,
   type WeightBuffer,
@@ -53,6 +54,8 @@ interface FusedCase {
   bias?: boolean;
   /** Accumulate into y, written with a row stride and offset (a strided view). */
   accumulate?: boolean;
+  /** A `small` launch shape other than the default. */
+  small?: Partial<SmallTuning>;
 }
 
 /** W on the GPU (interleaved with swiglu), its reference values, and a matching bias. */
@@ -117,6 +120,7 @@ async function checkFused(c: FusedCase, seed: number): Promise<void> {
     eps: c.norm ? EPS : undefined,
     swiglu: c.swiglu,
     swigluBlock: c.block,
+    small: c.small,
   });
   assert.equal(matmulPath(m, w), c.path, `${d.label} picked the wrong kernel`);
   await run(gpu, [d]);
@@ -136,7 +140,8 @@ async function checkFused(c: FusedCase, seed: number): Promise<void> {
     : normWeight
     ? matmulNormRef(x.values, ref, { m, n, k, bias: biasRef, y, normWeight, eps: EPS })
     : matmulRef(x.values, ref, { m, n, k, bias: biasRef, y });
-  assertClose(`${d.label}${c.block ? ` B=${c.block}` : ""}`, gotDense, want);
+  const shape = c.small ? ` ${JSON.stringify(c.small)}` : "";
+  assertClose(`${d.label}${c.block ? ` B=${c.block}` : ""}${shape}`, gotDense, want);
   for (let i = 0; i < yLen; i++) {
     const j = (i - yOffset) % yStride;
     if (i < yOffset || j >= n) assert.equal(got[i], Math.fround(y0.values[i]), `y[${i}] clobbered`);
@@ -144,35 +149,74 @@ async function checkFused(c: FusedCase, seed: number): Promise<void> {
 }
 
 const NORM_CASES: FusedCase[] = [
-  // vec: K % 8 == 0; M = 8 takes the second group of four rows
-  ...DTYPES.map((dtype): FusedCase => ({ m: 1, n: 33, k: 64, dtype, path: "vec", norm: true })),
-  { m: 3, n: 101, k: 256, dtype: "f16", path: "vec", norm: true, bias: true, accumulate: true },
-  { m: 8, n: 33, k: 64, dtype: "f32", path: "vec", norm: true, bias: true },
-  { m: 1, n: 33, k: 1032, dtype: "bf16", path: "vec", norm: true }, // a one-unit tail
+  // small: K % 8 == 0 (f32: % 4)
+  ...DTYPES.map((dtype): FusedCase => ({ m: 1, n: 33, k: 64, dtype, path: "small", norm: true })),
+  { m: 1, n: 33, k: 1032, dtype: "bf16", path: "small", norm: true }, // threads end unevenly
+  { m: 3, n: 101, k: 256, dtype: "f16", path: "small", norm: true, bias: true, accumulate: true },
+  { m: 8, n: 33, k: 64, dtype: "f32", path: "small", norm: true, bias: true },
+  { m: 9, n: 37, k: 64, dtype: "f16", path: "small", norm: true },
+  // the decode K: 256 threads share the sum of squares of each row
+  { m: 32, n: 37, k: 2048, dtype: "f16", path: "small", norm: true, bias: true },
+  { m: 33, n: 33, k: 64, dtype: "bf16", path: "small", norm: true, accumulate: true },
+  { m: 64, n: 37, k: 64, dtype: "f32", path: "small", norm: true },
+  {
+    m: 5,
+    n: 33,
+    k: 64,
+    dtype: "bf16",
+    path: "small",
+    norm: true,
+    bias: true,
+    accumulate: true,
+    small: { rm: 2, tm: 4, tn: 2, tk: 4 }, // row groups past M
+  },
   // naive: K odd
   ...DTYPES.map((dtype): FusedCase => ({ m: 3, n: 101, k: 129, dtype, path: "naive", norm: true })),
   { m: 1, n: 33, k: 37, dtype: "bf16", path: "naive", norm: true, bias: true, accumulate: true },
   // tiled: M, N not multiples of the 64 x 64 tile (the other dtypes: the swiglu cases)
-  { m: 17, n: 33, k: 37, dtype: "f32", path: "tiled", norm: true },
+  { m: 65, n: 33, k: 37, dtype: "f32", path: "tiled", norm: true },
   { m: 70, n: 101, k: 256, dtype: "f16", path: "tiled", norm: true, bias: true, accumulate: true },
 ];
 
 const SWIGLU_CASES: FusedCase[] = [
-  // vec
+  // small
   ...DTYPES.map((dtype): FusedCase => ({
     m: 1,
     n: 37,
     k: 64,
     dtype,
-    path: "vec",
+    path: "small",
     swiglu: true,
     norm: true,
   })),
-  { m: 3, n: 37, k: 256, dtype: "bf16", path: "vec", swiglu: true, norm: true, accumulate: true },
-  { m: 8, n: 21, k: 64, dtype: "f32", path: "vec", swiglu: true, norm: true, bias: true },
-  { m: 1, n: 37, k: 64, dtype: "f16", path: "vec", swiglu: true, block: 4, bias: true },
-  // the decode shape: 64 threads per row, so two rows per workgroup (128 threads) for a pair
-  { m: 1, n: 37, k: 2048, dtype: "f16", path: "vec", swiglu: true, norm: true, bias: true },
+  { m: 2, n: 37, k: 256, dtype: "bf16", path: "small", swiglu: true, norm: true, accumulate: true },
+  { m: 7, n: 21, k: 64, dtype: "f32", path: "small", swiglu: true, norm: true, bias: true },
+  { m: 1, n: 37, k: 64, dtype: "f16", path: "small", swiglu: true, block: 4, bias: true },
+  { m: 17, n: 37, k: 64, dtype: "f16", path: "small", swiglu: true, norm: true, block: 32 },
+  {
+    m: 31,
+    n: 37,
+    k: 64,
+    dtype: "bf16",
+    path: "small",
+    swiglu: true,
+    norm: true,
+    bias: true,
+    accumulate: true,
+  },
+  { m: 63, n: 21, k: 64, dtype: "f16", path: "small", swiglu: true, norm: true },
+  // the decode shape: K = 2048, 128 threads per column group
+  { m: 1, n: 37, k: 2048, dtype: "f16", path: "small", swiglu: true, norm: true, bias: true },
+  {
+    m: 31,
+    n: 37,
+    k: 128,
+    dtype: "f16",
+    path: "small",
+    swiglu: true,
+    norm: true,
+    small: { rm: 8, tm: 2, tn: 4, tk: 16, unroll: 2 },
+  },
   // naive
   ...DTYPES.map((dtype): FusedCase => ({
     m: 3,
@@ -186,7 +230,7 @@ const SWIGLU_CASES: FusedCase[] = [
   { m: 1, n: 37, k: 37, dtype: "f16", path: "naive", swiglu: true, block: 4, accumulate: true },
   // tiled
   ...DTYPES.map((dtype): FusedCase => ({
-    m: 17,
+    m: 65,
     n: 37,
     k: 37,
     dtype,
@@ -208,7 +252,7 @@ const SWIGLU_CASES: FusedCase[] = [
   { m: 70, n: 37, k: 37, dtype: "bf16", path: "tiled", swiglu: true, norm: true, block: 32 },
 ];
 
-Deno.test("matmul + rmsnorm: vec, naive and tiled kernels, all dtypes, bias and +=", async () => {
+Deno.test("matmul + rmsnorm: small, naive and tiled kernels, all dtypes, bias and +=", async () => {
   let seed = 200;
   for (const c of NORM_CASES) await checkFused(c, seed++);
 });
@@ -261,10 +305,6 @@ Deno.test("matmul fusions: refuse what they cannot serve, with the sizes in the 
   );
   assert.throws(() => matmulDispatch(gpu, { x, w, y }, { m: 1, swiglu: true }), /W has 33/);
   const gu = uploadWeight(gpu, new Float64Array(34 * 64), { rows: 34, cols: 64, dtype: "f16" });
-  assert.throws(
-    () => matmulDispatch(gpu, { x, w: gu, y }, { m: 1, swiglu: true, vec: { rpw: 1 } }),
-    /even rows-per-workgroup; got 1/,
-  );
   assert.throws(
     () =>
       matmulDispatch(gpu, { x, w: gu, y, bias: createStorage(gpu, 64) }, { m: 1, swiglu: true }),

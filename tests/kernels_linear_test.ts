@@ -10,7 +10,13 @@ import type { DType } from "../engine/dtype.ts";
 import { run } from "../kernels/dispatch.ts";
 import { embeddingDispatch } from "../kernels/embedding.ts";
 import { rmsnormDispatch } from "../kernels/rmsnorm.ts";
-import { matmulDispatch, type MatmulPath, matmulPath, uploadWeight } from "../kernels/matmul.ts";
+import {
+  matmulDispatch,
+  type MatmulPath,
+  matmulPath,
+  type SmallTuning,
+  uploadWeight,
+} from "../kernels/matmul.ts";
 import { addDispatch, siluMulDispatch } from "../kernels/elementwise.ts";
 import {
   addRef,
@@ -104,6 +110,8 @@ interface MatmulCase {
   bias?: boolean;
   /** Accumulate into y, written with a row stride and offset (a strided view). */
   accumulate?: boolean;
+  /** A `small` launch shape other than the default. */
+  small?: Partial<SmallTuning>;
 }
 
 async function checkMatmul(c: MatmulCase, seed: number): Promise<void> {
@@ -124,6 +132,7 @@ async function checkMatmul(c: MatmulCase, seed: number): Promise<void> {
     accumulate: c.accumulate,
     yStride,
     yOffset,
+    small: c.small,
   });
   assert.equal(matmulPath(m, w), c.path, `${d.label} picked the wrong kernel`);
   await run(gpu, [d]);
@@ -143,7 +152,7 @@ async function checkMatmul(c: MatmulCase, seed: number): Promise<void> {
     bias: bias?.values,
     y: c.accumulate ? prior : undefined,
   });
-  assertClose(d.label, gotDense, want);
+  assertClose(`${d.label}${c.small ? ` ${JSON.stringify(c.small)}` : ""}`, gotDense, want);
   // Elements between the strided rows must be untouched.
   for (let i = 0; i < yLen; i++) {
     const j = (i - yOffset) % yStride;
@@ -152,39 +161,55 @@ async function checkMatmul(c: MatmulCase, seed: number): Promise<void> {
 }
 
 const MATMUL_CASES: MatmulCase[] = [
-  // decode, vectorised: K % 8 == 0 (or % 4 for f32), one pipeline per (dtype, K, M)
-  ...DTYPES.map((dtype): MatmulCase => ({ m: 1, n: 33, k: 64, dtype, path: "vec" })),
-  { m: 1, n: 1, k: 64, dtype: "f16", path: "vec" },
-  // 129 units of 8 halves: 32 threads x 4 loads per step, then a one-unit tail
-  { m: 1, n: 33, k: 1032, dtype: "f16", path: "vec" },
-  { m: 1, n: 101, k: 256, dtype: "f16", path: "vec", bias: true, accumulate: true },
-  { m: 3, n: 101, k: 256, dtype: "bf16", path: "vec" },
-  { m: 8, n: 33, k: 64, dtype: "f32", path: "vec", bias: true },
-  { m: 3, n: 33, k: 36, dtype: "f32", path: "vec", accumulate: true },
-  // decode with K not a multiple of the vector width: the naive kernel
+  // small, M = 1..64 with K % 8 == 0 (f32: % 4), N odd. The default launch shape depends on M
+  // (rows per thread 1, 2, 4, 8; row groups), N and K, so these cover its variants.
+  ...DTYPES.map((dtype): MatmulCase => ({ m: 1, n: 33, k: 64, dtype, path: "small" })),
+  { m: 1, n: 1, k: 64, dtype: "f16", path: "small" },
+  // 129 units of 8 halves: threads end on different iterations
+  { m: 1, n: 33, k: 1032, dtype: "f16", path: "small" },
+  { m: 1, n: 101, k: 256, dtype: "f16", path: "small", bias: true, accumulate: true },
+  { m: 2, n: 37, k: 64, dtype: "bf16", path: "small" },
+  { m: 3, n: 101, k: 256, dtype: "bf16", path: "small" },
+  { m: 3, n: 33, k: 36, dtype: "f32", path: "small", accumulate: true },
+  { m: 7, n: 37, k: 64, dtype: "f16", path: "small", bias: true },
+  { m: 8, n: 33, k: 64, dtype: "f32", path: "small", bias: true },
+  { m: 9, n: 37, k: 64, dtype: "f16", path: "small", accumulate: true },
+  { m: 17, n: 37, k: 64, dtype: "bf16", path: "small" },
+  { m: 31, n: 37, k: 64, dtype: "f16", path: "small" },
+  { m: 32, n: 101, k: 256, dtype: "f16", path: "small", bias: true, accumulate: true },
+  { m: 33, n: 37, k: 64, dtype: "f32", path: "small" },
+  { m: 63, n: 37, k: 64, dtype: "f16", path: "small" },
+  { m: 64, n: 33, k: 1032, dtype: "bf16", path: "small", bias: true },
+  // small, launch shapes other than the default: a partial last row tile of several row
+  // groups; more K lanes than units (idle lanes); one row per thread over several row tiles
+  { m: 33, n: 101, k: 256, dtype: "f16", path: "small", small: { rm: 4, tm: 4, tn: 2, tk: 8 } },
+  { m: 17, n: 37, k: 128, dtype: "bf16", path: "small", small: { rm: 8, tk: 64, unroll: 2 } },
+  { m: 3, n: 37, k: 64, dtype: "f32", path: "small", small: { rm: 1, tm: 2, tn: 1, tk: 128 } },
+  // K not a multiple of the unit: the naive kernel
   ...DTYPES.map((dtype): MatmulCase => ({ m: 3, n: 101, k: 129, dtype, path: "naive" })),
   { m: 1, n: 33, k: 37, dtype: "bf16", path: "naive", bias: true, accumulate: true },
   // prefill: the tiled kernel, M and N not multiples of the 64 x 64 tile
-  ...DTYPES.map((dtype): MatmulCase => ({ m: 17, n: 33, k: 37, dtype, path: "tiled" })),
+  ...DTYPES.map((dtype): MatmulCase => ({ m: 65, n: 33, k: 37, dtype, path: "tiled" })),
   { m: 70, n: 101, k: 256, dtype: "f16", path: "tiled", bias: true, accumulate: true },
   { m: 70, n: 1, k: 129, dtype: "bf16", path: "tiled" },
 ];
 
-Deno.test("matmul: vec, naive and tiled kernels, all dtypes, awkward shapes", async () => {
+Deno.test("matmul: small, naive and tiled kernels, all dtypes, awkward shapes", async () => {
   let seed = 100;
   for (const c of MATMUL_CASES) await checkMatmul(c, seed++);
 });
 
 Deno.test("matmul: forced paths agree with the reference where the default would differ", async () => {
-  // The naive kernel is the plain statement of the contract; the tiled one must also serve M = 1.
+  // The naive kernel is the plain statement of the contract; the tiled one must also serve
+  // M = 1, and the small one any M.
   const gpu = await testGpu();
   const r = rng(7);
-  const m = 1, n = 33, k = 64;
-  const x = f32Input(gpu, r.uniform(m * k));
-  const wValues = r.uniform(n * k, 0.5);
-  const w = uploadWeight(gpu, wValues, { rows: n, cols: k, dtype: "f16" });
-  const want = matmulRef(x.values, weightRef(wValues, "f16"), { m, n, k });
-  for (const path of ["naive", "tiled"] as MatmulPath[]) {
+  const n = 33, k = 64;
+  for (const [m, path] of [[1, "naive"], [1, "tiled"], [70, "small"]] as [number, MatmulPath][]) {
+    const x = f32Input(gpu, r.uniform(m * k));
+    const wValues = r.uniform(n * k, 0.5);
+    const w = uploadWeight(gpu, wValues, { rows: n, cols: k, dtype: "f16" });
+    const want = matmulRef(x.values, weightRef(wValues, "f16"), { m, n, k });
     const y = createStorage(gpu, m * n * 4);
     const d = matmulDispatch(gpu, { x: x.buffer, w, y }, { m, path });
     assert.ok(d.label.includes(path));
@@ -203,9 +228,19 @@ Deno.test("matmul: refuses shapes it cannot serve, with the sizes in the message
     () => matmulDispatch(gpu, { x, w, y: small }, { m: 1 }),
     /y holds 16 bytes; needs 132/,
   );
-  assert.throws(() => matmulDispatch(gpu, { x, w, y }, { m: 1, path: "vec" }), /K % 8 == 0/);
+  assert.throws(() => matmulDispatch(gpu, { x, w, y }, { m: 1, path: "small" }), /K % 8 == 0/);
   assert.throws(
     () => matmulDispatch(gpu, { x: small, w, y }, { m: 1 }),
     /x holds 16 bytes; needs 148/,
   );
+  const w64 = uploadWeight(gpu, new Float64Array(33 * 64), { rows: 33, cols: 64, dtype: "f16" });
+  const x64 = createStorage(gpu, 8 * 64 * 4);
+  const y8 = createStorage(gpu, 8 * 33 * 4);
+  const bad = (small: Partial<SmallTuning>) => () =>
+    matmulDispatch(gpu, { x: x64, w: w64, y: y8 }, { m: 8, small });
+  assert.throws(bad({ rm: 3 }), /rm must be 1, 2, 4 or 8; got 3/);
+  assert.throws(bad({ rm: 8, tk: 4 }), /tk must be a power of two >= rm \(8\); got 4/);
+  assert.throws(bad({ tn: 3 }), /tn and tm must be powers of two; got 3 and 1/);
+  assert.throws(bad({ unroll: 4 }), /unroll must be 1 or 2; got 4/);
+  assert.throws(bad({ tk: 256, tn: 8, tm: 1 }), /workgroup of 2048 threads/);
 });

@@ -1,0 +1,302 @@
+// kernels/matmul.ts prepends matmul_common.wgsl: WDTYPE, NORM, SWIGLU, unpack2, w_row, store_out.
+// Register-blocked matmul for decode batches and short prompts (M = 1..64 rows of x):
+//   y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n])
+// W is read in 16-byte units (8 halves or 4 f32, vec4<u32> loads); each unit is widened once
+// and applied to RM rows of x held in registers, and each vec4 of x read is applied to the 4
+// columns (rows of W) a thread owns. So a thread keeps 4 x RM accumulators (vec4 over its 4
+// columns, one per row of x), and per unit does 4 loads of W, RM (f32 W) or 2 RM (16-bit W)
+// loads of x and 16 RM or 32 RM multiply-adds.
+//
+// A workgroup owns a tile of RM * TM rows of x by 4 * TN product columns and walks all of K
+// (no cross-workgroup reduction): TK threads split K unit by unit, TN column groups and TM row
+// groups share the tile. Lanes: 8 consecutive threads take 8 adjacent units of a row of W
+// (one 128-byte line per row), then come the column groups (they read the same x: broadcast),
+// then the rest of K, then the row groups (they read the same W, from L1). Workgroups are laid
+// out [column tile][row tile]: neighbours read the same W tile, which then comes from L2.
+// x is read from global memory (small next to W; L1/L2-resident); workgroup memory holds only the
+// reduction, one vec4 per thread (llvmpipe's GL compile time grows steeply with workgroup
+// arrays: naga zero-fills them with one constructor term per element).
+//
+// After the K loop the TK partial sums of each accumulator are added in workgroup memory:
+// RM passes in which lane r of each block of RM lanes adds the block's sums of row r (so the
+// RM rows are summed in parallel), then one tree over the blocks, four entries per step.
+//
+// Optional fusions (override constants):
+// - NORM: y = (x / rms(x) * nw) . W^T. nw scales the widened W units (shared by the RM rows)
+//   and 1 / rms the finished sums. After the K loop all threads of the workgroup share
+//   sum(x^2) over the tile's rows (one pass over x, one reduction).
+// - SWIGLU: W is gate/up interleaved in blocks of p.block rows (see w_row). The product has
+//   2F columns, gate and up of output c / 2 at c even and odd, so a thread's 4 columns are two
+//   whole outputs and y[m, n] = silu(gate) * up needs no exchange.
+//
+// Requires K % 8 == 0 (16-bit W) or K % 4 == 0 (f32 W), RM in {1, 2, 4, 8}, TK a power of
+// two >= RM, TN and TM powers of two; the wrapper checks and falls back otherwise.
+
+override K: u32 = 64u; // columns of W and x
+override RM: u32 = 1u; // rows of x per thread: 1, 2, 4 or 8
+override TM: u32 = 1u; // row groups: a tile has RM * TM rows of x
+override TN: u32 = 1u; // column groups of 4: a tile has 4 * TN product columns
+override TK: u32 = 8u; // threads splitting K, a power of two >= RM
+override UNROLL: u32 = 1u; // units per column per loop iteration (loads in flight): 1 or 2
+
+struct Params {
+  m: u32, // rows of x
+  n: u32, // columns of y (F with SWIGLU)
+  groups_x: u32, // workgroups along x (the grid may be split over x and y)
+  y_stride: u32, // elements between rows of y
+  y_offset: u32, // element index of y[0, 0]
+  // Bit 0: add bias[n]. Bit 1: y += result (the residual add, fused). Uniform flags rather
+  // than overrides: one pipeline serves every projection of a shape.
+  flags: u32,
+  eps: f32, // RMSNorm epsilon (NORM)
+  block: u32, // gate/up rows per block of the interleaved W (SWIGLU)
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>; // per row of W
+@group(0) @binding(4) var<storage, read> nw: array<vec4<f32>>; // RMSNorm weights [K] (NORM)
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+
+var<workgroup> red: array<vec4<f32>, TK * TN * TM>; // one entry per thread
+var<workgroup> inv_rms: array<f32, RM * TM>; // 1 / rms of the tile's rows of x (NORM)
+
+// A unit of the thread's 4 columns, widened and transposed: lo[k] holds element k of each
+// column (k = 0..3), hi[k] element 4 + k (16-bit W only).
+struct Unit {
+  lo: mat4x4<f32>,
+  hi: mat4x4<f32>,
+}
+
+// vec4s of x per unit: 2 for 16-bit W (8 elements), 1 for f32.
+fn xq() -> u32 {
+  return select(1u, 2u, WDTYPE != 0u);
+}
+
+// Units per row of W.
+fn units() -> u32 {
+  return K / (4u * xq());
+}
+
+// Columns of the product: N, or 2F with SWIGLU.
+fn cols() -> u32 {
+  return select(p.n, 2u * p.n, SWIGLU);
+}
+
+// First unit of the row of W behind product column c. Columns past the edge re-read the last
+// one (in bounds, no branch) and store nothing.
+fn row_base(c: u32) -> u32 {
+  let cc = min(c, cols() - 1u);
+  return select(cc, w_row(cc / 2u, cc % 2u), SWIGLU) * units();
+}
+
+// First vec4 of row m of x; rows past M re-read the last row and store nothing.
+fn x_base(m: u32) -> u32 {
+  return min(m, p.m - 1u) * (K / 4u);
+}
+
+fn lo4(q: vec4<u32>) -> vec4<f32> {
+  if (WDTYPE == 0u) {
+    return bitcast<vec4<f32>>(q);
+  }
+  return vec4<f32>(unpack2(q.x), unpack2(q.y));
+}
+
+fn hi4(q: vec4<u32>) -> vec4<f32> {
+  return vec4<f32>(unpack2(q.z), unpack2(q.w));
+}
+
+// Scales k-row k of t by s[k] (the norm weights of those columns of W).
+fn scale(t: mat4x4<f32>, s: vec4<f32>) -> mat4x4<f32> {
+  return mat4x4<f32>(t[0] * s.x, t[1] * s.y, t[2] * s.z, t[3] * s.w);
+}
+
+// Unit u of the four rows of W that start at units `rows`.
+fn load_unit(rows: vec4<u32>, u: u32) -> Unit {
+  let q0 = w[rows.x + u];
+  let q1 = w[rows.y + u];
+  let q2 = w[rows.z + u];
+  let q3 = w[rows.w + u];
+  var t: Unit;
+  t.lo = transpose(mat4x4<f32>(lo4(q0), lo4(q1), lo4(q2), lo4(q3)));
+  if (WDTYPE != 0u) {
+    t.hi = transpose(mat4x4<f32>(hi4(q0), hi4(q1), hi4(q2), hi4(q3)));
+  }
+  if (NORM) {
+    t.lo = scale(t.lo, nw[xq() * u]);
+    if (WDTYPE != 0u) {
+      t.hi = scale(t.hi, nw[xq() * u + 1u]);
+    }
+  }
+  return t;
+}
+
+// a + unit t times the elements of x from vec4 i on: a chain of multiply-adds, one per element.
+fn mac(a: vec4<f32>, t: Unit, i: u32) -> vec4<f32> {
+  let v = x[i];
+  var s = a + t.lo[0] * v.x + t.lo[1] * v.y + t.lo[2] * v.z + t.lo[3] * v.w;
+  if (WDTYPE != 0u) {
+    let v2 = x[i + 1u];
+    s = s + t.hi[0] * v2.x + t.hi[1] * v2.y + t.hi[2] * v2.z + t.hi[3] * v2.w;
+  }
+  return s;
+}
+
+// Applies unit u to rows m0 .. m0 + RM - 1 of x. Constant indices only: the accumulators stay
+// in registers (an array indexed by a loop counter would live in local memory).
+fn mac_rows(acc: ptr<function, array<vec4<f32>, 8>>, t: Unit, u: u32, m0: u32) {
+  let i = xq() * u;
+  (*acc)[0] = mac((*acc)[0], t, x_base(m0) + i);
+  if (RM > 1u) {
+    (*acc)[1] = mac((*acc)[1], t, x_base(m0 + 1u) + i);
+  }
+  if (RM > 2u) {
+    (*acc)[2] = mac((*acc)[2], t, x_base(m0 + 2u) + i);
+    (*acc)[3] = mac((*acc)[3], t, x_base(m0 + 3u) + i);
+  }
+  if (RM > 4u) {
+    (*acc)[4] = mac((*acc)[4], t, x_base(m0 + 4u) + i);
+    (*acc)[5] = mac((*acc)[5], t, x_base(m0 + 5u) + i);
+    (*acc)[6] = mac((*acc)[6], t, x_base(m0 + 6u) + i);
+    (*acc)[7] = mac((*acc)[7], t, x_base(m0 + 7u) + i);
+  }
+}
+
+// Adds red[i + stride * l] over the lanes l = lane .. of a segment of `width` lanes (a power
+// of two) into the entry of lane 0, four entries per step, and returns red[i] (the total at
+// lane 0). Call in uniform control flow after writing red[i].
+fn reduce(i: u32, lane: u32, width: u32, stride: u32) -> vec4<f32> {
+  workgroupBarrier();
+  for (var s = 1u; s < width; s *= 4u) {
+    if ((lane & (4u * s - 1u)) == 0u) {
+      var v = red[i] + red[i + stride * s];
+      if (lane + 2u * s < width) {
+        v += red[i + 2u * stride * s] + red[i + 3u * stride * s];
+      }
+      red[i] = v;
+    }
+    workgroupBarrier();
+  }
+  return red[i];
+}
+
+// NORM: 1 / rms of rows t0 .. t0 + RM * TM - 1 of x into inv_rms. Each row gets TK * TN / RM
+// threads (all of the workgroup's), one pass over x and one reduction.
+fn norm_rows(lid: u32, t0: u32) {
+  let span = TK * TN / RM;
+  let r = lid / span;
+  let j = lid % span;
+  var ss = 0.0;
+  if (t0 + r < p.m) {
+    let base = (t0 + r) * (K / 4u);
+    for (var i = j; i < K / 4u; i += span) {
+      let v = x[base + i];
+      ss += dot(v, v);
+    }
+  }
+  red[lid] = vec4<f32>(ss, 0.0, 0.0, 0.0);
+  let total = reduce(lid, j, span, 1u);
+  if (j == 0u) {
+    inv_rms[r] = inverseSqrt(total.x / f32(K) + p.eps);
+  }
+  workgroupBarrier(); // red is free again, inv_rms visible
+}
+
+// Reduction pass r: every lane publishes its row-r sums; lane r of each block of RM lanes adds
+// up the block's into *part.
+fn gather(r: u32, v: vec4<f32>, slot: u32, kj: u32, part: ptr<function, vec4<f32>>) {
+  red[slot] = v;
+  workgroupBarrier();
+  if (kj % RM == r) {
+    let b = slot - r; // lane 0 of the block
+    var s = red[b];
+    for (var i = 1u; i < RM; i++) {
+      s += red[b + i];
+    }
+    *part = s;
+  }
+  workgroupBarrier();
+}
+
+// acc[r] by constant indices: a loop-indexed read would move acc to local memory.
+fn pick(acc: array<vec4<f32>, 8>, r: u32) -> vec4<f32> {
+  var v = acc[0];
+  if (RM > 1u) {
+    v = select(v, acc[1], r == 1u);
+  }
+  if (RM > 2u) {
+    v = select(select(v, acc[2], r == 2u), acc[3], r == 3u);
+  }
+  if (RM > 4u) {
+    v = select(select(v, acc[4], r == 4u), acc[5], r == 5u);
+    v = select(select(v, acc[6], r == 6u), acc[7], r == 7u);
+  }
+  return v;
+}
+
+// Writes row m of the 4 product columns c0.. (c0 a multiple of 4).
+fn store4(m: u32, c0: u32, v: vec4<f32>) {
+  if (SWIGLU) {
+    store_out(m, c0 / 2u, v.x, v.y);
+    store_out(m, c0 / 2u + 1u, v.z, v.w);
+    return;
+  }
+  store_out(m, c0, v.x, 0.0);
+  store_out(m, c0 + 1u, v.y, 0.0);
+  store_out(m, c0 + 2u, v.z, 0.0);
+  store_out(m, c0 + 3u, v.w, 0.0);
+}
+
+@compute @workgroup_size(TK * TN * TM)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let kl = min(TK, 8u);
+  let kj = lid % kl + kl * ((lid / (kl * TN)) % (TK / kl)); // lane along K
+  let ng = (lid / kl) % TN; // column group
+  let mg = lid / (TK * TN); // row group
+  let slot = (mg * TN + ng) * TK + kj; // red entry: lanes of a group are adjacent
+  let g = wid.y * p.groups_x + wid.x;
+  let mtiles = (p.m + RM * TM - 1u) / (RM * TM);
+  let t0 = (g % mtiles) * RM * TM; // first row of x of the tile
+  let m0 = t0 + mg * RM; // this thread's first row
+  let c0 = ((g / mtiles) * TN + ng) * 4u; // this thread's first product column
+
+  let rows = vec4<u32>(row_base(c0), row_base(c0 + 1u), row_base(c0 + 2u), row_base(c0 + 3u));
+  var acc: array<vec4<f32>, 8>;
+  for (var u = kj; u < units(); u += UNROLL * TK) {
+    // Both units are loaded before either is applied: 2 x 4 loads in flight.
+    let a = load_unit(rows, u);
+    var b: Unit;
+    if (UNROLL > 1u) {
+      b = load_unit(rows, min(u + TK, units() - 1u));
+    }
+    mac_rows(&acc, a, u, m0);
+    if (UNROLL > 1u && u + TK < units()) {
+      mac_rows(&acc, b, u + TK, m0);
+    }
+  }
+
+  // 1 / rms is only needed for the finished sums: computing it here lets the loads of W start
+  // at once, and the loop has just brought x into L1.
+  if (NORM) {
+    norm_rows(lid, t0);
+  }
+
+  // Lane r + RM * t ends up with block t's sums of row r, then lane r with the row's total.
+  var part = acc[0];
+  if (RM > 1u) {
+    for (var r = 0u; r < RM; r++) {
+      gather(r, pick(acc, r), slot, kj, &part);
+    }
+  }
+  red[slot] = part;
+  let total = reduce(slot, kj / RM, TK / RM, RM);
+  let m = m0 + kj;
+  if (kj < RM && m < p.m) {
+    var s = total;
+    if (NORM) {
+      s *= inv_rms[mg * RM + kj];
+    }
+    store4(m, c0, s);
+  }
+}

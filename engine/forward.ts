@@ -58,7 +58,7 @@ export class Decoder {
   // Scratch, all f32 unless noted; T = maxChunk rows.
   readonly #x: GPUBuffer; // [T, H] residual stream
   readonly #qkv: GPUBuffer; // [T, (Hq + 2 Hkv) D]
-  readonly #q: GPUBuffer; // [T, Hq, D] rotated queries
+  readonly #q: GPUBuffer; // [T, Hq, D] rotated queries (prefill; decode rotates on load)
   readonly #attn: GPUBuffer; // [T, Hq, D]
   readonly #act: GPUBuffer; // [T, F]
   readonly #last: GPUBuffer; // [S, H] normed rows that get logits
@@ -68,7 +68,6 @@ export class Decoder {
   readonly #prefillPos: GPUBuffer; // u32 [T]
   readonly #prefillSeq: GPUBuffer; // u32 [T]
   readonly #lastRow: GPUBuffer; // u32 [1]
-  readonly #identity: GPUBuffer; // u32 [S]: decode token s belongs to slot s
   #decodePlans = new Map<number, Dispatch[]>();
   #stepEnds = new Map<string, Dispatch[]>();
   #samples = new Map<string, Dispatch[]>();
@@ -119,7 +118,6 @@ export class Decoder {
     this.#prefillPos = buf(T * 4, "prefill_pos");
     this.#prefillSeq = buf(T * 4, "prefill_seq");
     this.#lastRow = buf(4, "last_row");
-    this.#identity = buf(S * 4, "identity", Uint32Array.from({ length: S }, (_, i) => i));
   }
 
   /** Bytes per (region, step) row of the top-logprobs ring (256-aligned for bind offsets). */
@@ -132,12 +130,11 @@ export class Decoder {
     return (region * this.opts.maxSteps + k) * this.opts.maxSlots;
   }
 
-  /** The transformer layers over `m` rows of `x`; attention supplied per layer by the caller. */
-  #layers(
-    m: number,
-    rope: { pos: GPUBuffer; tokSeq: GPUBuffer },
-    attention: (layer: number) => Dispatch[],
-  ): Dispatch[] {
+  /**
+   * The transformer layers over `m` rows of `x`. `attention(layer)` supplies the step from
+   * `qkv` to `attn`: RoPE, the KV write and attention (one or two dispatches).
+   */
+  #layers(m: number, attention: (layer: number) => Dispatch[]): Dispatch[] {
     const { gpu, cfg, w } = this;
     const x = this.#x, eps = cfg.rmsEps;
     const out: Dispatch[] = [];
@@ -151,16 +148,6 @@ export class Decoder {
         bias: L.qkvBias,
         normWeight: L.attnNorm,
       }, { m, eps }));
-      out.push(ropeKvDispatch(gpu, {
-        qkv: this.#qkv,
-        q: this.#q,
-        kPool: this.kPool,
-        vPool: this.vPool,
-        pos: rope.pos,
-        tokSeq: rope.tokSeq,
-        blockTable: this.blockTable,
-        invFreq: w.invFreq,
-      }, { tokens: m, ...this.#heads(l) }));
       out.push(...attention(l));
       out.push(matmulDispatch(gpu, { x: this.#attn, w: L.o, y: x, bias: L.oBias }, {
         m,
@@ -275,7 +262,18 @@ export class Decoder {
       embeddingDispatch(g, { table: this.w.embed, tokens: this.#prefillTok, out: this.#x }, {
         count,
       }),
-      ...this.#layers(count, { pos: this.#prefillPos, tokSeq: this.#prefillSeq }, (layer) => [
+      // RoPE and KV write of the chunk (q → `q`), then causal attention over the slot's cache.
+      ...this.#layers(count, (layer) => [
+        ropeKvDispatch(g, {
+          qkv: this.#qkv,
+          q: this.#q,
+          kPool: this.kPool,
+          vPool: this.vPool,
+          pos: this.#prefillPos,
+          tokSeq: this.#prefillSeq,
+          blockTable: this.blockTable,
+          invFreq: this.w.invFreq,
+        }, { tokens: count, ...this.#heads(layer) }),
         attentionDispatch(g, {
           q: this.#q,
           kPool: this.kPool,
@@ -324,23 +322,23 @@ export class Decoder {
         embeddingDispatch(g, { table: this.w.embed, tokens: this.step.nextTok, out: this.#x }, {
           count: slots,
         }),
-        ...this.#layers(
-          slots,
-          { pos: this.step.pos, tokSeq: this.#identity },
-          (layer) =>
-            attentionDecodeDispatches(g, {
-              q: this.#q,
-              kPool: this.kPool,
-              vPool: this.vPool,
-              blockTable: this.blockTable,
-              seqLen: this.step.seqLen,
-              out: this.#attn,
-            }, {
-              seqs: slots,
-              maxContext: this.opts.contextLength,
-              ...this.#heads(layer),
-            }),
-        ),
+        // RoPE and the KV write at `pos` (step_begin's: the trash position for finished slots)
+        // happen inside decode attention: one dispatch, or splits + combine.
+        ...this.#layers(slots, (layer) =>
+          attentionDecodeDispatches(g, {
+            qkv: this.#qkv,
+            pos: this.step.pos,
+            invFreq: this.w.invFreq,
+            kPool: this.kPool,
+            vPool: this.vPool,
+            blockTable: this.blockTable,
+            seqLen: this.step.seqLen,
+            out: this.#attn,
+          }, {
+            seqs: slots,
+            maxContext: this.opts.contextLength,
+            ...this.#heads(layer),
+          })),
         // Final norm folded into the LM head: logits = norm(x) · W_lmᵀ
         ...this.#lmHead(slots, 0, this.#x, this.w.norm),
       ];

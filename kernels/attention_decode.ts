@@ -1,8 +1,9 @@
 /**
- * Decode attention for a ragged batch: each workgroup step takes a chunk of 64 keys (4 threads
- * per key, online softmax, no long serial loops), in one pass when the batch alone fills the GPU
- * or the context is short, else split along the KV length (flash-decoding) with a parallel
- * `combine`. See kernels/attention_decode.wgsl for the kernel and why it looks this way.
+ * Decode attention for a ragged batch, with the new token's RoPE and KV-cache write folded in
+ * (rope_kv's work at decode, without its dispatch): each workgroup step takes a chunk of 64 keys
+ * (4 threads per key, online softmax, no long serial loops), in one pass when the batch alone
+ * fills the GPU or the context is short, else split along the KV length (flash-decoding) with a
+ * parallel `combine`. See kernels/attention_decode.wgsl for the kernel and why it looks this way.
  *
  * The split heuristic's constants below are reasoned from the H200's shape (132 SMs), not
  * measured: compare them with `deno run -A scripts/sweep_kernels.ts --m 1 --batches 1,8,32
@@ -10,7 +11,7 @@
  * (default, one split per 64-key chunk, single pass).
  */
 import { createStorage, type Gpu, isCpuAdapter } from "../engine/gpu.ts";
-import { bindGroup, type Dispatch, params, pipeline, uniform } from "./dispatch.ts";
+import { bindGroup, type Dispatch, params, pipeline, uniform, wgsl } from "./dispatch.ts";
 
 /** Threads of `main`, largest first (the first that fits the budget wins). */
 const THREADS = [256, 128, 64];
@@ -51,20 +52,32 @@ const SLOW_COMPILE_BYTES = 2560;
 
 /** Buffers of {@linkcode attentionDecodeDispatches}. */
 export interface AttentionDecodeBuffers {
-  /** `f32 [S, Hq, D]` one rotated query per slot. */
-  q: GPUBuffer;
-  /** `f32 [numBlocks, nLayers, Hkv, 16, D]` */
+  /**
+   * `f32 [S, (Hq + 2·Hkv)·D]`: each slot's new token as the QKV matmul wrote it (bias added, no
+   * RoPE yet): q heads, then k heads, then v heads.
+   */
+  qkv: GPUBuffer;
+  /**
+   * `u32 [S]` the new token's position: q and k are rotated at it, k and v written there. For a
+   * running slot `seqLen[s] - 1`; for a finished one the trash position (a key nobody attends).
+   */
+  pos: GPUBuffer;
+  /** `f32 [D / 2]` RoPE inverse frequencies (rope scaling already applied). */
+  invFreq: GPUBuffer;
+  /** `f32 [numBlocks, nLayers, Hkv, 16, D]`: read, and the new k (rotated) written. */
   kPool: GPUBuffer;
+  /** `f32 [numBlocks, nLayers, Hkv, 16, D]`: read, and the new v written. */
   vPool: GPUBuffer;
   /** `u32 [S, maxBlocks]` */
   blockTable: GPUBuffer;
-  /** `u32 [S]`: keys `0..seqLen[s]-1` are valid; the query sits at `seqLen[s] - 1`. */
+  /** `u32 [S]`: the query attends keys `0..seqLen[s]-1` (after the write). */
   seqLen: GPUBuffer;
   /** `f32 [S, Hq, D]` out. */
   out: GPUBuffer;
   /**
-   * Partials, ≥ {@linkcode attentionDecodeScratchBytes}. Default: one buffer per device, shared
-   * by every decode dispatch (they run one after another, so sharing is safe).
+   * Partials, ≥ {@linkcode attentionDecodeScratchBytes} (unused by a single pass). Default: one
+   * buffer per device, shared by every decode dispatch (they run one after another, so sharing is
+   * safe).
    */
   scratch?: GPUBuffer;
 }
@@ -204,17 +217,24 @@ function sharedScratch(gpu: Gpu, bytes: number): GPUBuffer {
 }
 
 /**
- * Builds decode attention for `seqs` slots: slot s's query (row s of `q`, position
- * `seqLen[s] - 1`) attends keys `0..seqLen[s]-1` through row s of the block table; a slot with
- * `seqLen` 0 gets zeros. One dispatch (a single pass) when `seqs · nKvHeads` workgroups already
- * fill an H200 (≥ 128) or `maxContext` is at most 256 keys; otherwise up to 64 splits (about 256
- * workgroups, at most one per 64 keys of `maxContext`) and a `combine` dispatch. Each slot's
- * chunks are spread over the splits by its own length, so any length stays correct; `maxContext`
- * only sets the split count.
+ * Builds one decoder layer's decode attention for `seqs` slots, RoPE and KV write included: for
+ * slot s, the k and v heads of row s of `qkv` (k rotated at `pos[s]`, as `ropeKvDispatch` does)
+ * are written into the pools at `(s, pos[s])` (no write when `pos[s] ≥ 16·maxBlocks`), then its q
+ * heads, rotated at `pos[s]`, attend keys `0..seqLen[s]-1` through row s of the block table,
+ * the new key included when `pos[s] < seqLen[s]`; a slot with `seqLen` 0 gets zeros. The engine
+ * passes `pos = seqLen - 1` for running slots and the trash position for finished ones, as
+ * `step_begin` leaves them.
+ *
+ * One dispatch (a single pass) when `seqs · nKvHeads` workgroups already fill an H200 (≥ 128) or
+ * `maxContext` is at most 256 keys; otherwise up to 64 splits (about 256 workgroups, at most one
+ * per 64 keys of `maxContext`) and a `combine` dispatch. Each slot's chunks are spread over the
+ * splits by its own length, so any length stays correct; `maxContext` only sets the split count.
  *
  * @throws Error ("internal error") on shapes that do not fit, or scratch over the binding limit.
  * @example
- * const ds = attentionDecodeDispatches(gpu, { q, kPool, vPool, blockTable, seqLen, out }, {
+ * const ds = attentionDecodeDispatches(gpu, {
+ *   qkv, pos, invFreq, kPool, vPool, blockTable, seqLen, out,
+ * }, {
  *   seqs: 4, nHeads: 32, nKvHeads: 4, headDim: 64, layer: 0, nLayers: 22, maxBlocks: 129,
  *   maxContext: 2048,
  * });
@@ -241,9 +261,9 @@ export function attentionDecodeDispatches(
         "binding limit; raise splitSize or lower the batch",
     );
   }
-  // A single pass never touches scratch, but `main` declares it, so something is bound.
-  const scratch = buffers.scratch ?? sharedScratch(gpu, Math.max(16, bytes));
-  if (scratch.size < bytes) {
+  // A single pass needs no scratch: `main` writes `out` itself.
+  const scratch = splits === 1 ? undefined : buffers.scratch ?? sharedScratch(gpu, bytes);
+  if (scratch && scratch.size < bytes) {
     throw new Error(`internal error: decode scratch has ${scratch.size} bytes, needs ${bytes}`);
   }
   const constants = {
@@ -253,7 +273,8 @@ export function attentionDecodeDispatches(
     RPR: geo.rpr,
     CWG,
   };
-  const main = pipeline(gpu, "attention_decode.wgsl", { constants });
+  const prelude = wgsl("rope_common.wgsl");
+  const main = pipeline(gpu, "attention_decode.wgsl", { constants, prelude });
   const scale = opts.scale ?? 1 / Math.sqrt(D);
   const u = uniform(
     gpu,
@@ -276,31 +297,39 @@ export function attentionDecodeDispatches(
   const dispatches: Dispatch[] = [{
     label: splits === 1 ? `${label} single pass` : `${label} ${splits} splits`,
     pipeline: main,
+    // Eight storage buffers (the default limit): `main` writes `out`, or with splits the
+    // partials, through its one `dst` binding.
     bindGroup: bindGroup(gpu, main, [
       u,
-      b.q,
-      b.kPool,
-      b.vPool,
+      b.qkv,
+      b.pos,
+      b.invFreq,
       b.blockTable,
       b.seqLen,
-      scratch,
-      b.out,
+      b.kPool,
+      b.vPool,
+      scratch ?? b.out,
     ]),
     workgroups: [splits, nKvHeads * geo.rowGroups, seqs],
   }];
-  if (splits > 1) {
-    const combine = pipeline(gpu, "attention_decode.wgsl", { constants, entryPoint: "combine" });
+  if (scratch) {
+    const combine = pipeline(gpu, "attention_decode.wgsl", {
+      constants,
+      prelude,
+      entryPoint: "combine",
+    });
     dispatches.push({
       label: `${label} combine`,
       pipeline: combine,
-      // `combine` uses bindings 0, 5, 6, 7 only; the auto layout has no others.
+      // `combine` uses bindings 0, 5, 8 (`out`) and 9 (the partials); the auto layout has no
+      // others.
       bindGroup: gpu.device.createBindGroup({
         layout: combine.getBindGroupLayout(0),
         entries: [
           { binding: 0, resource: { buffer: u } },
           { binding: 5, resource: { buffer: b.seqLen } },
-          { binding: 6, resource: { buffer: scratch } },
-          { binding: 7, resource: { buffer: b.out } },
+          { binding: 8, resource: { buffer: b.out } },
+          { binding: 9, resource: { buffer: scratch } },
         ],
       }),
       workgroups: [nHeads, seqs, 1],

@@ -1,5 +1,19 @@
-// Decode attention: one query per batch slot, at position seq_len[s] - 1, attending keys
-// 0 .. seq_len[s] - 1 of that slot through its block table. Slots are ragged.
+// Decode attention with the new token's RoPE and KV-cache write folded in: one new token per
+// batch slot, its q, k, v straight from the fused projection qkv[S, (Hq + 2 Hkv) * HD]. Its k
+// (rotated) and v go into the paged pools at position pos[s] (rope_kv's addressing: block
+// block_table[s * max_blocks + pos / 16], row pos % 16; none past the table), and its q (rotated
+// at pos[s] on load) attends keys 0 .. seq_len[s] - 1 of that slot through its block table.
+// Slots are ragged. For a running slot pos = seq_len - 1, so the new key is the last one
+// attended; a finished or empty slot's pos is the trash position (step_begin), a key no slot
+// attends. RoPE arithmetic: rope_common.wgsl, prepended by the wrapper.
+//
+// The write, and who sees it: the workgroups of the one split whose chunks hold key pos[s]
+// (every row group of it: each kv head's q heads may need several workgroups) each write the
+// k and v of their kv head, then storageBarrier() before any pool load, so each workgroup's own
+// writes are visible to its own later loads. No other workgroup reads that key (other splits
+// never load it, other kv heads read other rows, other slots other blocks), so there is no
+// cross-workgroup ordering to need; the row groups' writes are identical values. A key nobody
+// attends (pos >= seq_len) is written once, by row group 0 of split 0.
 //
 // Why this shape: the previous kernel (16-key tiles, a 64-long serial dot product per thread from
 // workgroup memory, a softmax in ROWS threads, 32-key splits, then a `combine` dispatch with
@@ -25,17 +39,19 @@
 //
 // A slot's chunks are spread evenly over the n_split splits by its own length: split c takes
 // chunks [c * per, (c + 1) * per), per = ceil(chunks / n_split); splits past the end return at
-// once. n_split == 1 (the host's choice when the batch alone fills the GPU, or the context is
-// short) is a single pass that writes `out` directly: one dispatch per layer. Otherwise `main`
-// writes unnormalised partials (m, l, acc) to scratch, and
-// `combine`, a workgroup per (q head, slot), loads every split's partial at once (one or a few
-// loads per thread, no serial chain) and merges them:
+// once (after their share of the KV write). n_split == 1 (the host's choice when the batch alone
+// fills the GPU, or the context is short) is a single pass that writes `out` directly: one
+// dispatch per layer. Otherwise `main` writes unnormalised partials (m, l, acc) to a scratch
+// buffer, and `combine`, a workgroup per (q head, slot), loads every split's partial at once (one
+// or a few loads per thread, no serial chain) and merges them:
 // out = sum_c acc_c 2^(m_c - M) / sum_c l_c 2^(m_c - M).
 // A slot with seq_len 0 gets zeros.
 //
 // Keys at or past seq_len (possibly stale or NaN in the cache) are never loaded: their scores are
 // masked before the max and exp, and their V rows are zeros. Scores are in base 2 (q pre-scaled
-// by scale * log2(e)). No subgroups or f16, so it also runs on llvmpipe through GL.
+// by scale * log2(e)). No subgroups or f16, so it also runs on llvmpipe through GL. Eight
+// storage buffers per entry point at most (the WebGPU default): `main` writes its result to
+// `dst`, which is `out` in a single pass and the partials when split.
 
 override WG: u32 = 256u; // threads of `main`: 64, 128 or 256
 override HD: u32 = 64u; // head_dim, a multiple of 4
@@ -53,6 +69,7 @@ const VMAX: u32 = 16u; // V rows per thread and chunk
 const CMAX: u32 = 16u; // partials per `combine` thread
 
 override D4: u32 = HD / 4u;
+override HALF: u32 = HD / 2u; // RoPE pairs (i, i + HALF)
 override KEYS: u32 = WG / TPK; // keys per chunk, a multiple of 16
 override KSPAN: u32 = (D4 + TPK - 1u) / TPK; // vec4 of the K row per scoring thread, <= KMAX
 override ERT: u32 = (ROWS + TPK - 1u) / TPK; // rows per softmax thread
@@ -75,14 +92,17 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>; // [S, Hq, D4]
-@group(0) @binding(2) var<storage, read> k_pool: array<vec4<f32>>; // [blocks, L, Hkv, 16, D4]
-@group(0) @binding(3) var<storage, read> v_pool: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> qkv: array<f32>; // [S, Hq + 2 Hkv, HD]: q, k, v heads
+@group(0) @binding(2) var<storage, read> pos: array<u32>; // [S] the new token's position
+@group(0) @binding(3) var<storage, read> inv_freq: array<f32>; // [HALF]
 @group(0) @binding(4) var<storage, read> block_table: array<u32>; // [S, max_blocks]
 @group(0) @binding(5) var<storage, read> seq_len: array<u32>; // [S]
-// acc [S, Hq, n_split, D4], then (m, l, 0, 0) [S, Hq, n_split]
-@group(0) @binding(6) var<storage, read_write> scratch: array<vec4<f32>>;
-@group(0) @binding(7) var<storage, read_write> out: array<vec4<f32>>; // [S, Hq, D4]
+@group(0) @binding(6) var<storage, read_write> k_pool: array<vec4<f32>>; // [blocks, L, Hkv, 16, D4]
+@group(0) @binding(7) var<storage, read_write> v_pool: array<vec4<f32>>;
+// out [S, Hq, D4]; for `main` with splits, the partials: acc [S, Hq, n_split, D4], then
+// (m, l, 0, 0) [S, Hq, n_split]
+@group(0) @binding(8) var<storage, read_write> dst: array<vec4<f32>>;
+@group(0) @binding(9) var<storage, read> partials: array<vec4<f32>>; // `combine`'s input
 
 var<workgroup> qs: array<vec4<f32>, ROWS * D4>; // [r][d4], pre-scaled
 // [r][j] partial scores, one component per scoring thread of key j; after the chunk loop, one
@@ -98,9 +118,14 @@ var<workgroup> cml: array<vec2<f32>, CWG>; // `combine`: (m, l) per split
 var<workgroup> cw: array<vec2<f32>, CWG>; // `combine`: (w, l w) per split
 var<workgroup> cred: array<vec4<f32>, CWG>; // `combine`: [cg][d4] partial sums
 
-// Vec4 offset of q head h of slot s (also the row of `out`).
+// Vec4 offset of q head h of slot s in `out`.
 fn head_row(s: u32, h: u32) -> u32 {
   return (s * p.n_heads + h) * D4;
+}
+
+// Float offset of head hh (q heads, then k, then v) of slot s in `qkv`.
+fn qkv_head(s: u32, hh: u32) -> u32 {
+  return (s * (p.n_heads + 2u * p.n_kv_heads) + hh) * HD;
 }
 
 // Vec4 offset of key `j` of chunk `ch` of kv head `kvh`; the chunk's blocks are staged in
@@ -142,24 +167,53 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let per = (chunks + p.n_split - 1u) / p.n_split;
   let c0 = split * per;
   let c1 = min(c0 + per, chunks);
+
+  // The new token's k (rotated) and v into the pools, by the split that reads that key (see the
+  // top); storageBarrier before the first pool load makes them visible to this workgroup.
+  let position = pos[s];
+  var writes = split == 0u && g0 == 0u;
+  if (position < len) {
+    writes = split == position / KEYS / per;
+  }
+  if (writes && position / BLOCK < p.max_blocks) {
+    let b = block_table[s * p.max_blocks + position / BLOCK];
+    let row = (((b * p.n_layers + p.layer) * p.n_kv_heads + kvh) * BLOCK + position % BLOCK) * D4;
+    let ks = qkv_head(s, p.n_heads + kvh);
+    let vs = qkv_head(s, p.n_heads + p.n_kv_heads + kvh);
+    for (var e = lid; e < HD; e += WG) {
+      v_pool[row + e / 4u][e % 4u] = qkv[vs + e];
+      if (e < HALF) {
+        let k = rope_pair(qkv[ks + e], qkv[ks + e + HALF], position, inv_freq[e]);
+        k_pool[row + e / 4u][e % 4u] = k.x;
+        k_pool[row + (e + HALF) / 4u][(e + HALF) % 4u] = k.y;
+      }
+    }
+  }
+  storageBarrier();
+
   if (c0 >= c1) {
     // An empty slot: the single pass writes its zeros (with splits, `combine` does).
     if (p.n_split == 1u && split == 0u) {
       for (var e = lid; e < ROWS * D4; e += WG) {
         if (g0 + e / D4 < p.group) {
-          out[head_row(s, kvh * p.group + g0 + e / D4) + e % D4] = vec4<f32>(0.0);
+          dst[head_row(s, kvh * p.group + g0 + e / D4) + e % D4] = vec4<f32>(0.0);
         }
       }
     }
     return;
   }
 
-  for (var e = lid; e < ROWS * D4; e += WG) {
-    var x = vec4<f32>(0.0);
-    if (g0 + e / D4 < p.group) {
-      x = q[head_row(s, kvh * p.group + g0 + e / D4) + e % D4] * p.scale_log2e;
+  // q rows, rotated at `position` and pre-scaled: thread e takes pair i of row r.
+  for (var e = lid; e < ROWS * HALF; e += WG) {
+    let r = e / HALF;
+    let i = e % HALF;
+    var x = vec2<f32>(0.0);
+    if (g0 + r < p.group) {
+      let o = qkv_head(s, kvh * p.group + g0 + r) + i;
+      x = rope_pair(qkv[o], qkv[o + HALF], position, inv_freq[i]) * p.scale_log2e;
     }
-    qs[e] = x;
+    qs[r * D4 + i / 4u][i % 4u] = x.x;
+    qs[r * D4 + (i + HALF) / 4u][(i + HALF) % 4u] = x.y;
   }
   if (lid < 2u * BPC && c0 + lid / BPC < c1) {
     blocks[((c0 + lid / BPC) & 1u) * BPC + lid % BPC] = block_of(s, c0 + lid / BPC, lid % BPC, len);
@@ -327,12 +381,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       }
       let h = kvh * p.group + g0 + r;
       if (p.n_split == 1u) {
-        out[head_row(s, h) + d4] = o / l;
+        dst[head_row(s, h) + d4] = o / l;
       } else {
         let at = (s * p.n_heads + h) * p.n_split + split;
-        scratch[at * D4 + d4] = o;
+        dst[at * D4 + d4] = o;
         if (d4 == 0u) {
-          scratch[p.seqs * p.n_heads * p.n_split * D4 + at] = vec4<f32>(alpha[r], l, 0.0, 0.0);
+          dst[p.seqs * p.n_heads * p.n_split * D4 + at] = vec4<f32>(alpha[r], l, 0.0, 0.0);
         }
       }
     }
@@ -354,7 +408,7 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
   // cg + CG, ... at element d4. Splits at or past n hold stale values: never used.
   var ml = vec2<f32>(0.0);
   if (lid < p.n_split) {
-    ml = scratch[p.seqs * p.n_heads * p.n_split * D4 + base + lid].xy;
+    ml = partials[p.seqs * p.n_heads * p.n_split * D4 + base + lid].xy;
   }
   cml[lid] = select(vec2<f32>(NEG, 0.0), ml, lid < n);
   let cg = lid / D4;
@@ -363,7 +417,7 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
   for (var x = 0u; x < CMAX; x++) {
     let c = cg + x * CG;
     if (cg < CG && c < p.n_split) {
-      a[x] = scratch[(base + c) * D4 + d4];
+      a[x] = partials[(base + c) * D4 + d4];
     }
   }
   workgroupBarrier();
@@ -399,6 +453,6 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     for (var c = 0u; c < CWG; c++) {
       l += cw[c].y;
     }
-    out[head_row(s, h) + lid] = select(vec4<f32>(0.0), o / l, n > 0u);
+    dst[head_row(s, h) + lid] = select(vec4<f32>(0.0), o / l, n > 0u);
   }
 }

@@ -411,6 +411,66 @@ export function pagedKvRef(
   return { k, v };
 }
 
+/** Options for {@linkcode attentionDecodeRef}. */
+export interface AttentionDecodeRefOptions {
+  /** `[S]` the new token's position per slot: RoPE angle of its q and k, where k and v go. */
+  pos: ArrayLike<number>;
+  /** `[S]` keys each slot's query attends: `0..seqLen[s]-1`, read after the write. */
+  seqLen: ArrayLike<number>;
+  /** `[headDim / 2]` inverse frequencies (f32 values). */
+  invFreq: ArrayLike<number>;
+  nHeads: number;
+  layer: number;
+  /** Score scale (default `1 / sqrt(headDim)`). */
+  scale?: number;
+}
+
+/** What a decode layer's attention produces: its output and the pools after the KV write. */
+export interface AttentionDecodeRef {
+  /** `[S, nHeads, headDim]`; zeros for a slot with `seqLen` 0. */
+  out: Float64Array;
+  /** Copies of the cache's pools with each slot's new k (rotated) and v written in, as f32. */
+  kPool: Float32Array;
+  vPool: Float32Array;
+}
+
+/**
+ * One decode step of one layer's attention, RoPE and KV write included (kernels/attention_decode):
+ * {@linkcode ropeKvRef} of each slot's row of `qkv [S, (Hq + 2·Hkv)·D]` at `pos[s]`; its k and v
+ * stored (rounded to f32, as the cache holds them) at `(s, pos[s])` through the block table,
+ * slots in order, none past the table; then {@linkcode attentionRef} of its rotated q over keys
+ * `0..seqLen[s]-1` of the updated cache.
+ */
+export function attentionDecodeRef(
+  cache: PagedCacheRef,
+  qkv: ArrayLike<number>,
+  opts: AttentionDecodeRefOptions,
+): AttentionDecodeRef {
+  const { pos, seqLen, invFreq, nHeads, layer, scale } = opts;
+  const { nKvHeads, headDim: D, maxBlocks } = cache;
+  const S = pos.length, n = nHeads * D;
+  const rot = ropeKvRef(qkv, { pos, invFreq, nHeads, nKvHeads, headDim: D });
+  const after = { ...cache, kPool: cache.kPool.slice(), vPool: cache.vPool.slice() };
+  for (let s = 0; s < S; s++) {
+    if (pos[s] >= KV_BLOCK_REF * maxBlocks) continue;
+    for (let h = 0; h < nKvHeads; h++) {
+      const o = pagedOffsetRef(after, { slot: s, layer, pos: pos[s], head: h });
+      const from = (s * nKvHeads + h) * D;
+      after.kPool.set(rot.k.subarray(from, from + D), o);
+      after.vPool.set(rot.v.subarray(from, from + D), o);
+    }
+  }
+  const out = new Float64Array(S * n);
+  for (let s = 0; s < S; s++) {
+    if (seqLen[s] === 0) continue;
+    const kv = pagedKvRef(after, { slot: s, layer, len: seqLen[s] });
+    const q = rot.q.subarray(s * n, (s + 1) * n);
+    const qPos = [seqLen[s] - 1];
+    out.set(attentionRef(q, { ...kv, qPos, nHeads, nKvHeads, headDim: D, scale }), s * n);
+  }
+  return { out, kPool: after.kPool, vPool: after.vPool };
+}
+
 // ---- section: logits and sampling ----
 // Sampling order (kernels/sample.wgsl does the same, in f32):
 //   1. penalties on the raw logits, per token with count n (generated) and seen (prompt or output):

@@ -1,9 +1,9 @@
 /**
- * RoPE on the q and k parts of the fused qkv projection, and the KV-cache write. See
- * kernels/rope_kv.wgsl.
+ * RoPE on the q and k parts of the fused qkv projection, and the KV-cache write (prefill; a
+ * decode step does both inside `attention_decode`). See kernels/rope_kv.wgsl.
  */
 import type { Gpu } from "../engine/gpu.ts";
-import { bindGroup, type Dispatch, grid, params, pipeline, uniform } from "./dispatch.ts";
+import { bindGroup, type Dispatch, grid, params, pipeline, uniform, wgsl } from "./dispatch.ts";
 
 const WG = 64;
 
@@ -66,7 +66,10 @@ export function ropeKvDispatch(gpu: Gpu, buffers: RopeKvBuffers, opts: RopeKvOpt
   }
   const threads = tokens * (nHeads + 2 * nKvHeads) * (headDim / 2);
   const groups = grid(Math.ceil(threads / WG));
-  const pipe = pipeline(gpu, "rope_kv.wgsl", { constants: { WG } });
+  const pipe = pipeline(gpu, "rope_kv.wgsl", {
+    constants: { WG },
+    prelude: wgsl("rope_common.wgsl"),
+  });
   const u = uniform(
     gpu,
     params([tokens, nHeads, nKvHeads, headDim, layer, nLayers, maxBlocks, groups[0]]),

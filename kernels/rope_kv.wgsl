@@ -1,7 +1,6 @@
 // RoPE + KV-cache write. Input: the fused projection qkv[T, (Hq + 2 Hkv) * D] (q heads, then k
-// heads, then v heads). Hugging Face rotate-half RoPE on q and k: for i < D/2 with
-// angle = pos * inv_freq[i] (f32, as HF computes it),
-//   x'[i] = x[i] cos - x[i + D/2] sin,   x'[i + D/2] = x[i + D/2] cos + x[i] sin.
+// heads, then v heads). Hugging Face rotate-half RoPE on q and k (`rope_pair`, rope_common.wgsl,
+// prepended by the wrapper).
 // Rotated q goes to q[T, Hq, D]; rotated k and plain v go into the paged pools at
 // (tok_seq[t], pos[t]): block block_table[slot * max_blocks + pos / 16], row pos % 16.
 // One thread per (token, head, rotation pair i); v heads just copy their pair.
@@ -31,36 +30,6 @@ struct Params {
 @group(0) @binding(7) var<storage, read_write> k_pool: array<f32>;
 @group(0) @binding(8) var<storage, read_write> v_pool: array<f32>;
 
-// pi/2 in 6-bit pieces: k * PIO2_1..4 is exact for |k| < 2^18, so the reduction below loses
-// nothing for |a| < 4e5 (positions up to ~400k). The built-in cos/sin are only specified to
-// ~2^-11 on [-pi, pi] and get worse with larger arguments on real GPUs.
-const PIO2_1: f32 = 1.5625;
-const PIO2_2: f32 = 0.00830078125;
-const PIO2_3: f32 = -0.000004410743713378906;
-const PIO2_4: f32 = -4.377216100692749e-8;
-const PIO2_5: f32 = 6.077094383272197e-11;
-
-// (sin a, cos a) to ~1e-7 absolute: Cody-Waite reduction to r in [-pi/4, pi/4] and quadrant,
-// then the Cephes single-precision polynomials.
-fn sin_cos(a: f32) -> vec2<f32> {
-  let k = round(a * 0.63661977236);
-  var r = a - k * PIO2_1;
-  r = r - k * PIO2_2;
-  r = r - k * PIO2_3;
-  r = r - k * PIO2_4;
-  r = r - k * PIO2_5;
-  let z = r * r;
-  let s = r + r * z * (-1.6666654611e-1 + z * (8.3321608736e-3 + z * -1.9515295891e-4));
-  let c = 1.0 - 0.5 * z +
-    z * z * (4.166664568298827e-2 + z * (-1.388731625493765e-3 + z * 2.443315711809948e-5));
-  switch (u32(i32(k)) & 3u) {
-    case 0u: { return vec2<f32>(s, c); }
-    case 1u: { return vec2<f32>(c, -s); }
-    case 2u: { return vec2<f32>(-s, -c); }
-    default: { return vec2<f32>(-c, s); }
-  }
-}
-
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let half = p.head_dim / 2u;
@@ -76,9 +45,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let x0 = qkv[src];
   let x1 = qkv[src + half];
   let position = pos[t];
-  let sc = sin_cos(f32(position) * inv_freq[i]);
-  let r0 = x0 * sc.y - x1 * sc.x;
-  let r1 = x1 * sc.y + x0 * sc.x;
+  let rot = rope_pair(x0, x1, position, inv_freq[i]);
+  let r0 = rot.x;
+  let r1 = rot.y;
 
   if (hh < p.n_heads) {
     let o = (t * p.n_heads + hh) * p.head_dim + i;

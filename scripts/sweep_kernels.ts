@@ -138,7 +138,10 @@ async function main(): Promise<void> {
         const poolFloats = blocks * layers * nKvHeads * BLOCK * D;
         if (poolFloats * 4 > gpu.maxBinding) continue;
         const kPool = random(gpu, poolFloats, 2), vPool = random(gpu, poolFloats, 3);
-        const q = random(gpu, S * nHeads * D, 4);
+        // The QKV matmul's output: attention rotates q and k and writes k, v at `pos`.
+        const qkv = random(gpu, S * (nHeads + 2 * nKvHeads) * D, 4);
+        const pos = createStorage(gpu, S * 4, new Uint32Array(S).fill(context - 1), "pos");
+        const invFreq = random(gpu, D / 2, 5);
         const out = createStorage(gpu, S * nHeads * D * 4, undefined, "attn out");
         const table = new Uint32Array(S * maxBlocks);
         for (let s = 0; s < S; s++) {
@@ -151,7 +154,16 @@ async function main(): Promise<void> {
         const calls: Dispatch[] = [];
         for (let rep = 0; rep < 22; rep++) {
           calls.push(
-            ...attentionDecodeDispatches(gpu, { q, kPool, vPool, blockTable, seqLen, out }, {
+            ...attentionDecodeDispatches(gpu, {
+              qkv,
+              pos,
+              invFreq,
+              kPool,
+              vPool,
+              blockTable,
+              seqLen,
+              out,
+            }, {
               seqs: S,
               nHeads,
               nKvHeads,
@@ -178,7 +190,7 @@ async function main(): Promise<void> {
         } catch (e) {
           console.log(`attention ctx ${context} S=${S} ${variant}: ${(e as Error).message}`);
         }
-        for (const b of [kPool, vPool, q, out, blockTable, seqLen]) b.destroy();
+        for (const b of [kPool, vPool, qkv, pos, invFreq, out, blockTable, seqLen]) b.destroy();
       }
     }
   }

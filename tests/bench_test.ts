@@ -106,11 +106,18 @@ Deno.test("bench: runBench on the tiny shape reports every field", async () => {
   assert.equal(r.deno, Deno.version.deno);
   assert.ok(!Number.isNaN(Date.parse(r.date)));
   if (gpu.hasTimestamps) {
-    assert.equal(r.profile?.length, 2);
-    const p = r.profile![0];
-    assert.ok(p.kernels.some((k) => k.label.startsWith("matmul")), "profile has matmuls");
-    assert.ok(p.kernels.every((k) => !/ L\d+/.test(k.label)), "layer numbers are summed over");
-    assert.ok(p.sumUs > 0 && p.onePassUs > 0);
+    // One decode step per batch size (1, 2), then one prefill chunk of the 8-token prompt.
+    assert.deepEqual(r.profile?.map((p) => [p.slots, p.context, p.prefill ?? false]), [
+      [1, 12, false],
+      [2, 12, false],
+      [1, 8, true],
+    ]);
+    for (const p of r.profile!) {
+      assert.ok(p.kernels.some((k) => k.label.startsWith("matmul")), "profile has matmuls");
+      assert.ok(p.kernels.every((k) => !/ L\d+/.test(k.label)), "layer numbers are summed over");
+      assert.ok(p.sumUs > 0 && p.onePassUs > 0);
+    }
+    assert.ok(r.profile![2].kernels.some((k) => k.label.startsWith("attention T8")));
   }
 });
 

@@ -1,6 +1,7 @@
 /**
- * rope_kv, attention (prefill) and attention_decode against the float64 references, on seeded
- * random paged caches with shuffled physical blocks and NaN wherever no valid token lives.
+ * rope_kv, attention (prefill) and attention_decode (RoPE and KV write included) against the
+ * float64 references, on seeded random paged caches with shuffled physical blocks and NaN wherever
+ * no valid token lives.
  */
 import assert from "node:assert/strict";
 import { createStorage, type Gpu, readF32 } from "../engine/gpu.ts";
@@ -11,6 +12,7 @@ import {
 } from "../kernels/attention_decode.ts";
 import { type Dispatch, run } from "../kernels/dispatch.ts";
 import {
+  attentionDecodeRef,
   attentionRef,
   type PagedCacheRef,
   pagedCacheRef,
@@ -19,6 +21,7 @@ import {
   ropeKvRef,
 } from "../kernels/reference.ts";
 import { ropeKvDispatch } from "../kernels/rope_kv.ts";
+import { ropeInvFreq } from "../engine/config.ts";
 import { assertClose, rng, testGpu } from "./util.ts";
 
 /** Llama-style inverse frequencies, as f32. */
@@ -192,15 +195,63 @@ interface DecodeCase {
   nHeads: number;
   nKvHeads: number;
   headDim: number;
+  /** Keys each slot attends after the step, its new token included (0: an empty slot). */
   seqLens: number[];
+  /**
+   * Finished slots: the step writes their token at the trash position, and they attend their
+   * `seqLen` old keys (as step_begin leaves them). Slots with `seqLen` 0 are always finished.
+   */
+  done?: number[];
   maxContext: number;
   /** Forces the split count (`1 << 30`: a single pass); default: the heuristic. */
   splitSize?: number;
   ownScratch?: boolean;
   maxTileBytes?: number;
+  /** Llama 3.1's rope scaling (theta 500000, factor 8) instead of plain theta 10000. */
+  llama3?: boolean;
+}
+
+/** Llama 3.1's inverse frequencies (rope scaling applied), as f32. */
+function llama3InvFreqs(headDim: number): Float32Array {
+  return Float32Array.from(ropeInvFreq({
+    headDim,
+    ropeTheta: 500000,
+    ropeScaling: {
+      type: "llama3",
+      factor: 8,
+      lowFreqFactor: 1,
+      highFreqFactor: 4,
+      originalMaxPositions: 8192,
+    },
+  }));
+}
+
+/**
+ * Several finished slots all write the trash row, in no fixed order: where the reference pool
+ * holds one of them, take whichever candidate the GPU's element is closest to.
+ */
+function acceptAnyTrashWriter(
+  want: Float32Array,
+  got: Float32Array,
+  rows: number[],
+  candidates: Float64Array[],
+  D: number,
+) {
+  rows.forEach((o, h) => {
+    for (let d = 0; d < D; d++) {
+      let best = want[o + d];
+      for (const c of candidates) {
+        const x = c[h * D + d];
+        if (Math.abs(got[o + d] - x) < Math.abs(got[o + d] - best)) best = x;
+      }
+      want[o + d] = best;
+    }
+  });
 }
 
 const SINGLE = 1 << 30;
+const TINY = { nHeads: 32, nKvHeads: 4, headDim: 64 }; // TinyLlama's heads: GQA 8
+const RAGGED = [640, 1, 0, 77, 129, 16, 17, 300];
 for (
   const c of [
     {
@@ -211,6 +262,8 @@ for (
       maxContext: 160,
       splitSize: 32,
     },
+    // Small tiles (as on GL): fewer rows than q heads per kv head, so several workgroups per
+    // (slot, kv head) each write the new token before reading it.
     {
       nHeads: 8,
       nKvHeads: 2,
@@ -220,7 +273,7 @@ for (
       splitSize: 32,
       maxTileBytes: 2560,
     },
-    { nHeads: 4, nKvHeads: 4, headDim: 128, seqLens: [130, 1, 17], maxContext: 200 },
+    { nHeads: 4, nKvHeads: 4, headDim: 128, seqLens: [130, 1, 17], done: [2], maxContext: 200 },
     // Three splits, yet every slot fits one chunk: splits 1 and 2 of the NaN scratch stay unread.
     {
       nHeads: 4,
@@ -231,43 +284,17 @@ for (
       splitSize: 16,
       ownScratch: true,
     },
-    // TinyLlama's heads (GQA 8), batch 8, ragged: one pass over up to 10 chunks, then 8 splits.
-    {
-      nHeads: 32,
-      nKvHeads: 4,
-      headDim: 64,
-      seqLens: [640, 1, 0, 77, 129, 16, 17, 300],
-      maxContext: 640,
-      splitSize: SINGLE,
-    },
-    {
-      nHeads: 32,
-      nKvHeads: 4,
-      headDim: 64,
-      seqLens: [640, 1, 0, 77, 129, 16, 17, 300],
-      maxContext: 2048,
-    },
+    // GQA 8, batch 8, ragged: one pass over up to 10 chunks, then 8 splits; one finished slot.
+    { ...TINY, seqLens: RAGGED, done: [3], maxContext: 640, splitSize: SINGLE },
+    { ...TINY, seqLens: RAGGED, done: [3], maxContext: 2048, llama3: true },
     // Batch 1, long contexts: 32 and 64 splits of one chunk; a slot far past maxContext.
-    { nHeads: 32, nKvHeads: 4, headDim: 64, seqLens: [2001], maxContext: 2048 },
-    { nHeads: 32, nKvHeads: 4, headDim: 64, seqLens: [4096], maxContext: 4096 },
-    {
-      nHeads: 32,
-      nKvHeads: 4,
-      headDim: 64,
-      seqLens: [1500, 3],
-      maxContext: 512,
-      ownScratch: true,
-    },
-    // Small tiles (as on GL): one q head per workgroup, 32-key chunks.
-    {
-      nHeads: 32,
-      nKvHeads: 4,
-      headDim: 64,
-      seqLens: [640, 1, 0, 77, 300],
-      maxContext: 640,
-      maxTileBytes: 2560,
-    },
-    // Groups that are not a power of two, and more than 8 q heads per kv head (two row groups).
+    { ...TINY, seqLens: [2001], maxContext: 2048, llama3: true },
+    { ...TINY, seqLens: [4096], maxContext: 4096 },
+    { ...TINY, seqLens: [1500, 3], maxContext: 512, ownScratch: true },
+    // Small tiles: one q head per workgroup (8 workgroups per kv head), 32-key chunks.
+    { ...TINY, seqLens: [640, 1, 0, 77, 300], done: [4], maxContext: 640, maxTileBytes: 2560 },
+    // Group 5, and 10 q heads per kv head as two row groups; the new key is the last of chunk 0
+    // (len 64) or the first of chunk 1 (len 65).
     { nHeads: 10, nKvHeads: 2, headDim: 64, seqLens: [200, 64, 65], maxContext: 256 },
     {
       nHeads: 10,
@@ -277,7 +304,18 @@ for (
       maxContext: 256,
       splitSize: 64,
     },
-    { nHeads: 16, nKvHeads: 1, headDim: 128, seqLens: [300, 5], maxContext: 300 },
+    // MQA, 16 q heads: two row groups over five splits.
+    { nHeads: 16, nKvHeads: 1, headDim: 128, seqLens: [300, 5], done: [1], maxContext: 300 },
+    {
+      nHeads: 16,
+      nKvHeads: 2,
+      headDim: 128,
+      seqLens: [1, 16, 17, 129],
+      done: [0],
+      maxContext: 256,
+      splitSize: 32,
+      llama3: true,
+    },
     { nHeads: 4, nKvHeads: 2, headDim: 256, seqLens: [100, 37], maxContext: 128, splitSize: 64 },
   ] as DecodeCase[]
 ) {
@@ -288,16 +326,29 @@ for (
     : c.splitSize
     ? ` split ${c.splitSize}`
     : "";
-  const extra = split +
-    (c.maxTileBytes ? ` tile <= ${c.maxTileBytes} B` : "");
+  const extra = split + (c.maxTileBytes ? ` tile <= ${c.maxTileBytes} B` : "") +
+    (c.done ? ` done ${c.done}` : "") + (c.llama3 ? " llama3" : "");
   const name = `attention decode ${nHeads}/${nKvHeads}x${D} lens ${seqLens} ctx ${c.maxContext}`;
   Deno.test(name + extra, async () => {
     const gpu = await testGpu();
     const r = rng(5 + D + S);
-    const nLayers = 2, layer = 0;
+    const nLayers = 2, layer = 1;
     const maxBlocks = Math.ceil(Math.max(...seqLens) / 16) + 1;
-    const cache = pagedCacheRef(r.next, { seqLens, nLayers, nKvHeads, headDim: D, maxBlocks });
-    const q = Float32Array.from(r.uniform(S * nHeads * D, 3));
+    const trashPos = (maxBlocks - 1) * 16; // table column maxBlocks - 1: the trash block 0
+    const finished = seqLens.map((len, s) => len === 0 || (c.done ?? []).includes(s));
+    const pos = seqLens.map((len, s) => finished[s] ? trashPos : len - 1);
+    // A running slot's new position is NaN in the cache: the kernel must write it before use.
+    const cache = pagedCacheRef(r.next, {
+      seqLens: seqLens.map((len, s) => finished[s] ? len : len - 1),
+      capacity: seqLens,
+      nLayers,
+      nKvHeads,
+      headDim: D,
+      maxBlocks,
+    });
+    const width = (nHeads + 2 * nKvHeads) * D;
+    const qkv = Float32Array.from(r.uniform(S * width, 2));
+    const invFreq = c.llama3 ? llama3InvFreqs(D) : invFreqs(D);
     const gc = uploadCache(gpu, cache);
     // Prefilled with NaN: the seqLen-0 slot must come out as zeros, not stale values.
     const out = createStorage(gpu, S * nHeads * D * 4, new Float32Array(S * nHeads * D).fill(NaN));
@@ -319,32 +370,103 @@ for (
       ? createStorage(gpu, bytes, new Float32Array(bytes / 4).fill(NaN))
       : undefined;
     const ds = attentionDecodeDispatches(gpu, {
-      q: f32(gpu, q),
+      qkv: f32(gpu, qkv),
+      pos: u32(gpu, pos),
+      invFreq: f32(gpu, invFreq),
       ...gc,
       seqLen: u32(gpu, seqLens),
       out,
       scratch,
     }, shape);
     await run(gpu, ds);
+
+    const want = attentionDecodeRef(cache, qkv, { pos, seqLen: seqLens, invFreq, nHeads, layer });
     const got = await readF32(gpu, out, S * nHeads * D);
+    const n = nHeads * D;
     for (let s = 0; s < S; s++) {
-      const n = nHeads * D, len = seqLens[s];
-      const want = len === 0 ? new Float64Array(n) : attentionRef(q.subarray(s * n, (s + 1) * n), {
-        ...pagedKvRef(cache, { slot: s, layer, len }),
-        qPos: [len - 1],
-        nHeads,
-        nKvHeads,
-        headDim: D,
-      });
-      assertClose(`${ds[0].label} slot ${s} len ${len}`, got.subarray(s * n, (s + 1) * n), want);
+      const label = `${ds[0].label} slot ${s} len ${seqLens[s]}${finished[s] ? " done" : ""}`;
+      assertClose(label, got.subarray(s * n, (s + 1) * n), want.out.subarray(s * n, (s + 1) * n));
     }
+    // The pools: every new token in its place, the finished slots' in the trash row, nothing
+    // else touched.
+    const kGot = await readF32(gpu, gc.kPool, want.kPool.length);
+    const vGot = await readF32(gpu, gc.vPool, want.vPool.length);
+    const writers = seqLens.flatMap((_, s) => finished[s] ? [s] : []);
+    if (writers.length > 1) {
+      const rot = ropeKvRef(qkv, { pos, invFreq, nHeads, nKvHeads, headDim: D });
+      const rows = Array.from(
+        { length: nKvHeads },
+        (_, head) => pagedOffsetRef(cache, { slot: writers[0], layer, pos: trashPos, head }),
+      );
+      const of = (x: Float64Array) =>
+        writers.map((s) => x.subarray(s * nKvHeads * D, (s + 1) * nKvHeads * D));
+      acceptAnyTrashWriter(want.kPool, kGot, rows, of(rot.k), D);
+      acceptAnyTrashWriter(want.vPool, vGot, rows, of(rot.v), D);
+    }
+    assertPool("decode k pool", kGot, want.kPool);
+    assertPool("decode v pool", vGot, want.vPool);
   });
 }
+
+Deno.test("attention decode writes the KV that rope_kv writes, trash included", async () => {
+  const gpu = await testGpu();
+  const r = rng(77);
+  const nHeads = 8, nKvHeads = 2, D = 64, nLayers = 2, layer = 0, maxBlocks = 6;
+  const seqLens = [17, 1, 65, 40], pos = [16, 0, 64, 80]; // slot 3 finished: the trash position
+  const cache = pagedCacheRef(r.next, {
+    seqLens: [16, 0, 64, 40],
+    capacity: seqLens,
+    nLayers,
+    nKvHeads,
+    headDim: D,
+    maxBlocks,
+  });
+  const qkv = f32(gpu, r.uniform(4 * (nHeads + 2 * nKvHeads) * D, 2));
+  const invFreq = f32(gpu, llama3InvFreqs(D));
+  const heads = { nHeads, nKvHeads, headDim: D, layer, nLayers, maxBlocks };
+  const a = uploadCache(gpu, cache), b = uploadCache(gpu, cache);
+  const out = createStorage(gpu, 4 * nHeads * D * 4);
+  await run(gpu, [
+    ropeKvDispatch(gpu, {
+      qkv,
+      q: createStorage(gpu, 4 * nHeads * D * 4),
+      ...a,
+      pos: u32(gpu, pos),
+      tokSeq: u32(gpu, [0, 1, 2, 3]),
+      invFreq,
+    }, { tokens: 4, ...heads }),
+    ...attentionDecodeDispatches(gpu, {
+      qkv,
+      pos: u32(gpu, pos),
+      invFreq,
+      ...b,
+      seqLen: u32(gpu, seqLens),
+      out,
+    }, { seqs: 4, ...heads, maxContext: 96, splitSize: 32 }),
+  ]);
+  const elems = cache.kPool.length;
+  const [ka, kb] = [await readF32(gpu, a.kPool, elems), await readF32(gpu, b.kPool, elems)];
+  const [va, vb] = [await readF32(gpu, a.vPool, elems), await readF32(gpu, b.vPool, elems)];
+  // Same f32 arithmetic (rope_common.wgsl) on the same inputs: equal up to FMA contraction.
+  assertPool("k pool vs rope_kv", kb, ka);
+  assertPool("v pool vs rope_kv", vb, va);
+  const trash = pagedOffsetRef(cache, { slot: 3, layer, pos: 80, head: 1 });
+  assert.ok(!Number.isNaN(kb[trash]) && kb[trash] === ka[trash], "trash row written");
+});
 
 Deno.test("attention decode: one pass when the batch fills the GPU or the context is short", async () => {
   const gpu = await testGpu();
   const b = createStorage(gpu, 16);
-  const buffers = { q: b, kPool: b, vPool: b, blockTable: b, seqLen: b, out: b, scratch: b };
+  const buffers = {
+    qkv: b,
+    pos: b,
+    invFreq: b,
+    kPool: b,
+    vPool: b,
+    blockTable: b,
+    seqLen: b,
+    out: b,
+  };
   const plan = (seqs: number, maxContext: number, extra = {}) => {
     const shape = {
       seqs,
@@ -357,7 +479,7 @@ Deno.test("attention decode: one pass when the batch fills the GPU or the contex
       maxContext,
       ...extra,
     };
-    const ds = attentionDecodeDispatches(gpu, { ...buffers, scratch: undefined }, shape);
+    const ds = attentionDecodeDispatches(gpu, buffers, shape);
     const bytes = attentionDecodeScratchBytes(shape);
     assert.equal(bytes === 0, ds.length === 1, `${ds[0].label}: ${bytes} bytes of scratch`);
     return ds.map((d) => d.label.replace(/^.* L0 \S+ /, "")).join(" + ");
@@ -411,20 +533,14 @@ Deno.test("rope_kv -> prefill attention -> decode attention, end to end", async 
     }, { tokens: T, ...heads }),
     attentionDispatch(gpu, { q, ...gc, out }, { tokens: T, slot: 0, pos0, ...heads }),
   ];
-  // Then one decode step: slot 0 at position 30, slot 1 at position 33.
+  // Then one decode step (RoPE and KV write inside): slot 0 at position 30, slot 1 at 33.
   const dq = Float32Array.from(r.uniform(2 * width, 2));
   const dPos = [30, 33];
-  const qd = createStorage(gpu, 2 * nHeads * D * 4), od = createStorage(gpu, 2 * nHeads * D * 4);
-  step.push(ropeKvDispatch(gpu, {
-    qkv: f32(gpu, dq),
-    q: qd,
-    ...gc,
-    pos: u32(gpu, dPos),
-    tokSeq: u32(gpu, [0, 1]),
-    invFreq: gInv,
-  }, { tokens: 2, ...heads }));
+  const od = createStorage(gpu, 2 * nHeads * D * 4);
   step.push(...attentionDecodeDispatches(gpu, {
-    q: qd,
+    qkv: f32(gpu, dq),
+    pos: u32(gpu, dPos),
+    invFreq: gInv,
     ...gc,
     seqLen: u32(gpu, [31, 34]),
     out: od,

@@ -32,5 +32,13 @@ timeout 60 python3 scripts/hf_compare.py check --model models/strata-default \
   --strata "$out/default_strata.json" 2>&1 | tail -1 | tee "$out/default_compare.json" | tee -a "$out/log.txt"
 log "bench"
 timeout 240 bash .gpu/run.sh run -A --cached-only scripts/bench.ts --shape tinyllama-1.1b --batch 1,8,32 --prompt-len 512 \
-  --new-tokens 256 --out "$out/bench.json" --profile 2>&1 | tail -60 | tee -a "$out/log.txt"
+  --new-tokens 256 --out "$out/bench.json" --profile 2>&1 | tail -120 | tee -a "$out/log.txt"
 log "done"
+if [ "${SWEEP:-0}" = 1 ]; then
+  log "sweep"
+  timeout 200 bash .gpu/run.sh run -A --cached-only scripts/sweep_kernels.ts --m 1,2,4,8,16,32,64 \
+    --variants "${SWEEP_VARIANTS:-[{}]}" --batches 1,8,32 --contexts 640,2048,4096 \
+    --attn-variants '[{}, {"splitSize": 64}, {"splitSize": 1e9}]' --out "$out/sweep.json" \
+    > "$out/sweep.txt" 2>&1
+  log "sweep done"
+fi

@@ -36,8 +36,9 @@ timeout 240 bash .gpu/run.sh run -A --cached-only scripts/bench.ts --shape tinyl
 log "done"
 if [ "${SWEEP:-0}" = 1 ]; then
   log "sweep"
+  variants=${SWEEP_VARIANTS:-'[{}]'}
   timeout 200 bash .gpu/run.sh run -A --cached-only scripts/sweep_kernels.ts --m 1,2,4,8,16,32,64 \
-    --variants "${SWEEP_VARIANTS:-[{}]}" --batches 1,8,32 --contexts 640,2048,4096 \
+    --variants "$variants" --batches 1,8,32 --contexts 640,2048,4096 \
     --attn-variants '[{}, {"splitSize": 64}, {"splitSize": 1e9}]' --out "$out/sweep.json" \
     > "$out/sweep.txt" 2>&1
   log "sweep done"

@@ -35,7 +35,11 @@
 // Four barriers per chunk; no serial loop longer than HD / 16 vec4s or KEYS / MP. The next
 // chunk's K is loaded as soon as S is done with the registers, its V after PV, and the physical
 // blocks two chunks ahead, so the block-table lookup stays off the critical path. At the end the
-// KG key groups' accumulators are summed through workgroup memory, RPR rows per round.
+// KG key groups' accumulators are summed through workgroup memory, RPR rows per round. The
+// per-thread state (K and V registers, running maxima and sums, accumulators) is only ever indexed
+// by constants under `if (N > n)` guards, because naga's loop guards can keep a driver from
+// unrolling loops, and an array indexed by a loop counter then lives in local memory (on an H200
+// that made every chunk ~10x slower).
 //
 // A slot's chunks are spread evenly over the n_split splits by its own length: split c takes
 // chunks [c * per, (c + 1) * per), per = ceil(chunks / n_split); splits past the end return at
@@ -72,7 +76,7 @@ override D4: u32 = HD / 4u;
 override HALF: u32 = HD / 2u; // RoPE pairs (i, i + HALF)
 override KEYS: u32 = WG / TPK; // keys per chunk, a multiple of 16
 override KSPAN: u32 = (D4 + TPK - 1u) / TPK; // vec4 of the K row per scoring thread, <= KMAX
-override ERT: u32 = (ROWS + TPK - 1u) / TPK; // rows per softmax thread
+override ERT: u32 = (ROWS + TPK - 1u) / TPK; // rows per softmax thread, <= 2 (RMAX / TPK)
 override KG: u32 = WG / D4; // key groups of the P.V product
 override VPT: u32 = (KEYS + KG - 1u) / KG; // keys per P.V thread and chunk, <= VMAX
 override BPC: u32 = KEYS / BLOCK; // cache blocks per chunk
@@ -153,6 +157,312 @@ fn block_of(s: u32, ch: u32, b: u32, len: u32) -> u32 {
   return block_table[s * p.max_blocks + ch * BPC + b];
 }
 
+// The private state of `main` (K and V registers, the softmax running values, the accumulators)
+// is only ever indexed by constants, under `if (N > n)` guards on the override constants: naga
+// adds a termination guard to every loop, so a driver may not unroll them, and an array indexed
+// by a loop counter would then live in local memory (see matmul_small's `mac_rows` and `pick`).
+
+// Vec4 y of this thread's part kpart of the K row at `base`: zero past D4.
+fn k_at(base: u32, y: u32, kpart: u32) -> vec4<f32> {
+  if (y * TPK + kpart >= D4) {
+    return vec4<f32>(0.0);
+  }
+  return k_pool[base + y * TPK + kpart];
+}
+
+// This thread's KSPAN vec4s of the K row at `base`.
+fn load_k(kr: ptr<function, array<vec4<f32>, KMAX>>, base: u32, kpart: u32) {
+  (*kr)[0] = k_at(base, 0u, kpart);
+  if (KSPAN > 1u) {
+    (*kr)[1] = k_at(base, 1u, kpart);
+  }
+  if (KSPAN > 2u) {
+    (*kr)[2] = k_at(base, 2u, kpart);
+  }
+  if (KSPAN > 3u) {
+    (*kr)[3] = k_at(base, 3u, kpart);
+  }
+  if (KSPAN > 4u) {
+    (*kr)[4] = k_at(base, 4u, kpart);
+  }
+  if (KSPAN > 5u) {
+    (*kr)[5] = k_at(base, 5u, kpart);
+  }
+  if (KSPAN > 6u) {
+    (*kr)[6] = k_at(base, 6u, kpart);
+  }
+  if (KSPAN > 7u) {
+    (*kr)[7] = k_at(base, 7u, kpart);
+  }
+  if (KSPAN > 8u) {
+    (*kr)[8] = k_at(base, 8u, kpart);
+  }
+  if (KSPAN > 9u) {
+    (*kr)[9] = k_at(base, 9u, kpart);
+  }
+  if (KSPAN > 10u) {
+    (*kr)[10] = k_at(base, 10u, kpart);
+  }
+  if (KSPAN > 11u) {
+    (*kr)[11] = k_at(base, 11u, kpart);
+  }
+  if (KSPAN > 12u) {
+    (*kr)[12] = k_at(base, 12u, kpart);
+  }
+  if (KSPAN > 13u) {
+    (*kr)[13] = k_at(base, 13u, kpart);
+  }
+  if (KSPAN > 14u) {
+    (*kr)[14] = k_at(base, 14u, kpart);
+  }
+  if (KSPAN > 15u) {
+    (*kr)[15] = k_at(base, 15u, kpart);
+  }
+}
+
+// q row r's vec4 y of part kpart, dotted with k: zero past D4.
+fn q_dot(k: vec4<f32>, r: u32, y: u32, kpart: u32) -> f32 {
+  if (y * TPK + kpart >= D4) {
+    return 0.0;
+  }
+  return dot(qs[r * D4 + y * TPK + kpart], k);
+}
+
+// This thread's partial score of q row r against its part of the K row.
+fn score(kr: ptr<function, array<vec4<f32>, KMAX>>, r: u32, kpart: u32) -> f32 {
+  var d = q_dot((*kr)[0], r, 0u, kpart);
+  if (KSPAN > 1u) {
+    d += q_dot((*kr)[1], r, 1u, kpart);
+  }
+  if (KSPAN > 2u) {
+    d += q_dot((*kr)[2], r, 2u, kpart);
+  }
+  if (KSPAN > 3u) {
+    d += q_dot((*kr)[3], r, 3u, kpart);
+  }
+  if (KSPAN > 4u) {
+    d += q_dot((*kr)[4], r, 4u, kpart);
+  }
+  if (KSPAN > 5u) {
+    d += q_dot((*kr)[5], r, 5u, kpart);
+  }
+  if (KSPAN > 6u) {
+    d += q_dot((*kr)[6], r, 6u, kpart);
+  }
+  if (KSPAN > 7u) {
+    d += q_dot((*kr)[7], r, 7u, kpart);
+  }
+  if (KSPAN > 8u) {
+    d += q_dot((*kr)[8], r, 8u, kpart);
+  }
+  if (KSPAN > 9u) {
+    d += q_dot((*kr)[9], r, 9u, kpart);
+  }
+  if (KSPAN > 10u) {
+    d += q_dot((*kr)[10], r, 10u, kpart);
+  }
+  if (KSPAN > 11u) {
+    d += q_dot((*kr)[11], r, 11u, kpart);
+  }
+  if (KSPAN > 12u) {
+    d += q_dot((*kr)[12], r, 12u, kpart);
+  }
+  if (KSPAN > 13u) {
+    d += q_dot((*kr)[13], r, 13u, kpart);
+  }
+  if (KSPAN > 14u) {
+    d += q_dot((*kr)[14], r, 14u, kpart);
+  }
+  if (KSPAN > 15u) {
+    d += q_dot((*kr)[15], r, 15u, kpart);
+  }
+  return d;
+}
+
+// V[j][d4] of keys kg, kg + KG, ... (VPT of them) of chunk ch.
+fn load_v(
+  vr: ptr<function, array<vec4<f32>, VMAX>>,
+  ch: u32,
+  kg: u32,
+  d4: u32,
+  len: u32,
+  kvh: u32,
+) {
+  (*vr)[0] = v_at(ch, kg, d4, len, kvh);
+  if (VPT > 1u) {
+    (*vr)[1] = v_at(ch, kg + 1u * KG, d4, len, kvh);
+  }
+  if (VPT > 2u) {
+    (*vr)[2] = v_at(ch, kg + 2u * KG, d4, len, kvh);
+  }
+  if (VPT > 3u) {
+    (*vr)[3] = v_at(ch, kg + 3u * KG, d4, len, kvh);
+  }
+  if (VPT > 4u) {
+    (*vr)[4] = v_at(ch, kg + 4u * KG, d4, len, kvh);
+  }
+  if (VPT > 5u) {
+    (*vr)[5] = v_at(ch, kg + 5u * KG, d4, len, kvh);
+  }
+  if (VPT > 6u) {
+    (*vr)[6] = v_at(ch, kg + 6u * KG, d4, len, kvh);
+  }
+  if (VPT > 7u) {
+    (*vr)[7] = v_at(ch, kg + 7u * KG, d4, len, kvh);
+  }
+  if (VPT > 8u) {
+    (*vr)[8] = v_at(ch, kg + 8u * KG, d4, len, kvh);
+  }
+  if (VPT > 9u) {
+    (*vr)[9] = v_at(ch, kg + 9u * KG, d4, len, kvh);
+  }
+  if (VPT > 10u) {
+    (*vr)[10] = v_at(ch, kg + 10u * KG, d4, len, kvh);
+  }
+  if (VPT > 11u) {
+    (*vr)[11] = v_at(ch, kg + 11u * KG, d4, len, kvh);
+  }
+  if (VPT > 12u) {
+    (*vr)[12] = v_at(ch, kg + 12u * KG, d4, len, kvh);
+  }
+  if (VPT > 13u) {
+    (*vr)[13] = v_at(ch, kg + 13u * KG, d4, len, kvh);
+  }
+  if (VPT > 14u) {
+    (*vr)[14] = v_at(ch, kg + 14u * KG, d4, len, kvh);
+  }
+  if (VPT > 15u) {
+    (*vr)[15] = v_at(ch, kg + 15u * KG, d4, len, kvh);
+  }
+}
+
+// p[r][jj] v, or zero past the chunk (key jj >= KEYS).
+fn pv_term(r: u32, jj: u32, v: vec4<f32>) -> vec4<f32> {
+  if (jj >= KEYS) {
+    return vec4<f32>(0.0);
+  }
+  return sc[r * KEYS + jj] * v;
+}
+
+// Row r's accumulator a after PV: a alpha[r] + p[r][jj] V[jj][d4] over this thread's keys
+// jj = kg, kg + KG, ... with their V rows vr.
+fn pv_row(a: vec4<f32>, r: u32, kg: u32, vr: ptr<function, array<vec4<f32>, VMAX>>) -> vec4<f32> {
+  var o = a * alpha[r];
+  o += pv_term(r, kg, (*vr)[0]);
+  if (VPT > 1u) {
+    o += pv_term(r, kg + 1u * KG, (*vr)[1]);
+  }
+  if (VPT > 2u) {
+    o += pv_term(r, kg + 2u * KG, (*vr)[2]);
+  }
+  if (VPT > 3u) {
+    o += pv_term(r, kg + 3u * KG, (*vr)[3]);
+  }
+  if (VPT > 4u) {
+    o += pv_term(r, kg + 4u * KG, (*vr)[4]);
+  }
+  if (VPT > 5u) {
+    o += pv_term(r, kg + 5u * KG, (*vr)[5]);
+  }
+  if (VPT > 6u) {
+    o += pv_term(r, kg + 6u * KG, (*vr)[6]);
+  }
+  if (VPT > 7u) {
+    o += pv_term(r, kg + 7u * KG, (*vr)[7]);
+  }
+  if (VPT > 8u) {
+    o += pv_term(r, kg + 8u * KG, (*vr)[8]);
+  }
+  if (VPT > 9u) {
+    o += pv_term(r, kg + 9u * KG, (*vr)[9]);
+  }
+  if (VPT > 10u) {
+    o += pv_term(r, kg + 10u * KG, (*vr)[10]);
+  }
+  if (VPT > 11u) {
+    o += pv_term(r, kg + 11u * KG, (*vr)[11]);
+  }
+  if (VPT > 12u) {
+    o += pv_term(r, kg + 12u * KG, (*vr)[12]);
+  }
+  if (VPT > 13u) {
+    o += pv_term(r, kg + 13u * KG, (*vr)[13]);
+  }
+  if (VPT > 14u) {
+    o += pv_term(r, kg + 14u * KG, (*vr)[14]);
+  }
+  if (VPT > 15u) {
+    o += pv_term(r, kg + 15u * KG, (*vr)[15]);
+  }
+  return o;
+}
+
+// Accumulator r (< ROWS) of a0 .. a7, by a select chain.
+fn pick(
+  a0: vec4<f32>,
+  a1: vec4<f32>,
+  a2: vec4<f32>,
+  a3: vec4<f32>,
+  a4: vec4<f32>,
+  a5: vec4<f32>,
+  a6: vec4<f32>,
+  a7: vec4<f32>,
+  r: u32,
+) -> vec4<f32> {
+  var v = a0;
+  if (ROWS > 1u) {
+    v = select(v, a1, r == 1u);
+  }
+  if (ROWS > 2u) {
+    v = select(v, a2, r == 2u);
+  }
+  if (ROWS > 3u) {
+    v = select(v, a3, r == 3u);
+  }
+  if (ROWS > 4u) {
+    v = select(v, a4, r == 4u);
+  }
+  if (ROWS > 5u) {
+    v = select(v, a5, r == 5u);
+  }
+  if (ROWS > 6u) {
+    v = select(v, a6, r == 6u);
+  }
+  if (ROWS > 7u) {
+    v = select(v, a7, r == 7u);
+  }
+  return v;
+}
+
+// E for row r (none past ROWS) and key j: p = 2^(s - m) against the new row max, alpha published
+// by key 0's thread; returns the running (max, sum share) ml updated.
+fn softmax_row(r: u32, j: u32, live: bool, ml: vec2<f32>) -> vec2<f32> {
+  if (r >= ROWS) {
+    return ml;
+  }
+  var mx = ml.x;
+  for (var i = 0u; i < MP; i++) {
+    mx = max(mx, part[r * MP + i]);
+  }
+  let a = exp2(ml.x - mx);
+  let pj = select(0.0, exp2(sc[r * KEYS + j] - mx), live);
+  sc[r * KEYS + j] = pj;
+  if (j == 0u) {
+    alpha[r] = a;
+  }
+  return vec2<f32>(mx, ml.y * a + pj);
+}
+
+// Row r's sum share l and (key 0's thread) max m, for the end of `main`; none past ROWS.
+fn publish_row(r: u32, j: u32, ml: vec2<f32>) {
+  if (r < ROWS) {
+    sc[r * KEYS + j] = ml.y;
+    if (j == 0u) {
+      alpha[r] = ml.x;
+    }
+  }
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let split = wid.x;
@@ -231,26 +541,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   // This thread's vec4s of the K row of key kj, and V[j][d4] of keys kg + KG x: the first
   // chunk's now, then each next chunk's as soon as the registers are free. K past len is never
   // loaded (its score is masked); vec4s past D4 stay zero.
+  // Indexed by constants only (see the helpers above).
   var kr: array<vec4<f32>, KMAX>;
   var vr: array<vec4<f32>, VMAX>;
+  let vd4 = select(D4, d4, kg < KG); // D4 (zeros) for idle P.V threads
   if (c0 * KEYS + kj < len) {
-    let base = key_row(c0, kj, kvh);
-    for (var y = 0u; y < KSPAN; y++) {
-      if (y * TPK + kpart < D4) {
-        kr[y] = k_pool[base + y * TPK + kpart];
-      }
-    }
+    load_k(&kr, key_row(c0, kj, kvh), kpart);
   }
-  for (var x = 0u; x < VPT; x++) {
-    vr[x] = v_at(c0, kg + x * KG, select(D4, d4, kg < KG), len, kvh);
-  }
-  var m_run: array<f32, RMAX>; // row maxima of the softmax thread's rows (equal in every thread)
-  var l_run: array<f32, RMAX>; // this thread's share of the row sums
-  for (var x = 0u; x < RMAX; x++) {
-    m_run[x] = NEG;
-    l_run[x] = 0.0;
-  }
-  var acc: array<vec4<f32>, RMAX>; // [r] this key group's share of the output, element d4
+  load_v(&vr, c0, kg, vd4, len, kvh);
+  // Rows er and er + TPK (ERT <= 2): (row max, equal in every thread; this thread's share of
+  // the row sum).
+  var ml0 = vec2<f32>(NEG, 0.0);
+  var ml1 = vec2<f32>(NEG, 0.0);
+  // acc<r>: row r's share of the output from this key group, element d4 (named registers).
+  var acc0 = vec4<f32>(0.0);
+  var acc1 = vec4<f32>(0.0);
+  var acc2 = vec4<f32>(0.0);
+  var acc3 = vec4<f32>(0.0);
+  var acc4 = vec4<f32>(0.0);
+  var acc5 = vec4<f32>(0.0);
+  var acc6 = vec4<f32>(0.0);
+  var acc7 = vec4<f32>(0.0);
 
   for (var ch = c0; ch < c1; ch++) {
     // The blocks of chunk ch + 2, stored at the end of this chunk (read long before then).
@@ -261,21 +572,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
     // S: this thread's share of the scores of key kj, for every row.
     for (var r = 0u; r < ROWS; r++) {
-      var d = 0.0;
-      for (var y = 0u; y < KSPAN; y++) {
-        if (y * TPK + kpart < D4) {
-          d += dot(qs[r * D4 + y * TPK + kpart], kr[y]);
-        }
-      }
-      buf[r * KEYS + kj][kpart] = d;
+      buf[r * KEYS + kj][kpart] = score(&kr, r, kpart);
     }
     if ((ch + 1u) * KEYS + kj < len && ch + 1u < c1) {
-      let base = key_row(ch + 1u, kj, kvh);
-      for (var y = 0u; y < KSPAN; y++) {
-        if (y * TPK + kpart < D4) {
-          kr[y] = k_pool[base + y * TPK + kpart];
-        }
-      }
+      load_k(&kr, key_row(ch + 1u, kj, kvh), kpart);
     }
     workgroupBarrier();
 
@@ -295,43 +595,40 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
 
     // E: probabilities against the new row max; rescale the running sums.
-    for (var x = 0u; x < ERT; x++) {
-      let r = er + x * TPK;
-      if (r < ROWS) {
-        var mx = m_run[x];
-        for (var i = 0u; i < MP; i++) {
-          mx = max(mx, part[r * MP + i]);
-        }
-        let a = exp2(m_run[x] - mx);
-        let pj = select(0.0, exp2(sc[r * KEYS + j] - mx), ch * KEYS + j < len);
-        sc[r * KEYS + j] = pj;
-        l_run[x] = l_run[x] * a + pj;
-        m_run[x] = mx;
-        if (j == 0u) {
-          alpha[r] = a;
-        }
-      }
+    let live = ch * KEYS + j < len;
+    ml0 = softmax_row(er, j, live, ml0);
+    if (ERT > 1u) {
+      ml1 = softmax_row(er + TPK, j, live, ml1);
     }
     workgroupBarrier();
 
-    // PV: acc[r] = acc[r] * alpha[r] + sum over this thread's keys of p[r][j] V[j][d4].
+    // PV: acc<r> = acc<r> alpha[r] + sum over this thread's keys of p[r][j] V[j][d4].
     if (kg < KG) {
-      for (var r = 0u; r < ROWS; r++) {
-        acc[r] *= alpha[r];
+      acc0 = pv_row(acc0, 0u, kg, &vr);
+      if (ROWS > 1u) {
+        acc1 = pv_row(acc1, 1u, kg, &vr);
       }
-      for (var x = 0u; x < VPT; x++) {
-        let jj = kg + x * KG;
-        if (jj < KEYS) {
-          for (var r = 0u; r < ROWS; r++) {
-            acc[r] += sc[r * KEYS + jj] * vr[x];
-          }
-        }
+      if (ROWS > 2u) {
+        acc2 = pv_row(acc2, 2u, kg, &vr);
+      }
+      if (ROWS > 3u) {
+        acc3 = pv_row(acc3, 3u, kg, &vr);
+      }
+      if (ROWS > 4u) {
+        acc4 = pv_row(acc4, 4u, kg, &vr);
+      }
+      if (ROWS > 5u) {
+        acc5 = pv_row(acc5, 5u, kg, &vr);
+      }
+      if (ROWS > 6u) {
+        acc6 = pv_row(acc6, 6u, kg, &vr);
+      }
+      if (ROWS > 7u) {
+        acc7 = pv_row(acc7, 7u, kg, &vr);
       }
     }
     if (ch + 1u < c1) {
-      for (var x = 0u; x < VPT; x++) {
-        vr[x] = v_at(ch + 1u, kg + x * KG, select(D4, d4, kg < KG), len, kvh);
-      }
+      load_v(&vr, ch + 1u, kg, vd4, len, kvh);
     }
     if (lid < BPC && ch + 2u < c1) {
       blocks[(ch & 1u) * BPC + lid] = next_block;
@@ -340,14 +637,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
 
   // Row sums: each softmax thread's share, summed like the maxima. Row maxima to `alpha`.
-  for (var x = 0u; x < ERT; x++) {
-    let r = er + x * TPK;
-    if (r < ROWS) {
-      sc[r * KEYS + j] = l_run[x];
-      if (j == 0u) {
-        alpha[r] = m_run[x];
-      }
-    }
+  publish_row(er, j, ml0);
+  if (ERT > 1u) {
+    publish_row(er + TPK, j, ml1);
   }
   workgroupBarrier();
   if (lid < ROWS * MP) {
@@ -364,7 +656,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (kg < KG) {
       for (var rr = 0u; rr < RPR; rr++) {
         if (r0 + rr < ROWS) {
-          buf[(rr * KG + kg) * D4 + d4] = acc[r0 + rr];
+          let a = pick(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, r0 + rr);
+          buf[(rr * KG + kg) * D4 + d4] = a;
         }
       }
     }

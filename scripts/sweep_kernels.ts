@@ -86,20 +86,34 @@ async function main(): Promise<void> {
     const variant = JSON.stringify(variantText);
     for (const m of ms) {
       for (const [kernel, weight, extra, norm] of projections) {
-        const calls = w.layers.map((layer, l) =>
-          matmulDispatch(gpu, {
-            x,
-            w: weight(l),
-            y,
-            ...(norm ? { normWeight: layer.attnNorm } : {}),
-          }, { m, eps, ...extra, ...variantText })
+        rows.push(
+          await row(kernel, m, variant, () =>
+            w.layers.map((layer, l) =>
+              matmulDispatch(gpu, {
+                x,
+                w: weight(l),
+                y,
+                ...(norm ? { normWeight: layer.attnNorm } : {}),
+              }, { m, eps, ...extra, ...variantText })
+            ), weight(0)),
         );
-        rows.push(await row(kernel, m, variant, calls, weight(0)));
       }
-      const head = w.lmHead.map((chunk) =>
-        matmulDispatch(gpu, { x, w: chunk, y, normWeight: w.norm }, { m, eps, ...variantText })
+      rows.push(
+        await row(
+          "lm head +norm",
+          m,
+          variant,
+          () =>
+            w.lmHead.map((chunk) =>
+              matmulDispatch(gpu, { x, w: chunk, y, normWeight: w.norm }, {
+                m,
+                eps,
+                ...variantText,
+              })
+            ),
+          w.lmHead[0],
+        ),
       );
-      rows.push(await row("lm head +norm", m, variant, head, w.lmHead[0]));
     }
   }
 
@@ -107,10 +121,11 @@ async function main(): Promise<void> {
     kernel: string,
     m: number,
     variant: string,
-    calls: Dispatch[],
+    build: () => Dispatch[],
     wb: WeightBuffer,
   ): Promise<SweepRow> {
     try {
+      const calls = build(); // a variant may be invalid for this shape: reported, not fatal
       const us = await timeCalls(gpu, calls, iterations);
       const bytes = wb.rows * wb.cols * (wb.dtype === "f32" ? 4 : 2);
       const r = { kernel, m, variant, usPerCall: us, gbPerS: bytes / us / 1e3 };

@@ -3,7 +3,8 @@
  * model (QKV + norm, o +=, gate/up + norm + SwiGLU, down +=, LM head + norm) at several M, and
  * decode attention at several batch sizes and contexts. Each timing is one pass over the
  * projection of every layer (distinct weights, as in a real step, so W is not L2-resident),
- * median of `--iterations`; the table gives µs per call and the weight read rate.
+ * right after ≈ 30 ms of the same work (so the GPU runs at its load clocks), median of
+ * `--iterations`; the table gives µs per call and the weight read rate.
  *
  *   deno run -A scripts/sweep_kernels.ts [--shape tinyllama-1.1b] [--m 1,8,32]
  *     [--variants '[{}, {"path": "tiled"}]'] [--contexts 640,2048] [--batches 1,8,32]
@@ -30,11 +31,20 @@ export interface SweepRow {
   gbPerS?: number;
 }
 
+/**
+ * GPU µs per call of `calls` encoded in one pass. The GPU drops its clocks while the host
+ * compiles pipelines, so every timed pass follows ≈ 30 ms of the same work in the same
+ * submission (measured after a first untimed run sizes it).
+ */
 async function timeCalls(gpu: Gpu, calls: Dispatch[], iterations: number): Promise<number> {
   const body = (pass: GPUComputePassEncoder) => encode(pass, calls);
-  await timePasses(gpu, [body]);
+  const [first] = await timePasses(gpu, [body]);
+  const warm = Math.min(200, Math.ceil(30e6 / Math.max(first, 1)));
   const ns: number[] = [];
-  for (let i = 0; i < iterations; i++) ns.push((await timePasses(gpu, [body]))[0]);
+  for (let i = 0; i < iterations; i++) {
+    const all = await timePasses(gpu, new Array(warm + 1).fill(body));
+    ns.push(all[warm]);
+  }
   ns.sort((a, b) => a - b);
   return ns[ns.length >> 1] / 1000 / calls.length;
 }

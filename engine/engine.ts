@@ -82,6 +82,7 @@ export class Engine implements EngineLike {
   #region = 0;
   #running = false;
   #nextK = 1;
+  #host = { submissions: 0, steps: 0, ms: 0 };
 
   private constructor(
     readonly gpu: Gpu,
@@ -387,7 +388,19 @@ export class Engine implements EngineLike {
   }
 
   #submit(dispatches: Iterable<Dispatch>, o: SubmissionOptions): void {
-    this.#inflight.push(new Submission(this.decoder, dispatches, o));
+    const sub = new Submission(this.decoder, dispatches, o);
+    this.#host.submissions++;
+    this.#host.steps += o.steps;
+    this.#host.ms += sub.hostMs;
+    this.#inflight.push(sub);
+  }
+
+  /**
+   * Totals since the engine started: submissions, the steps they recorded, and the host time
+   * spent encoding and submitting them (ms). The bench divides the time by the steps.
+   */
+  hostStats(): { submissions: number; steps: number; ms: number } {
+    return { ...this.#host };
   }
 
   /** Hands a finished submission's tokens to their sequences. */

@@ -34,6 +34,8 @@ export type TakeToken = (
 export class Submission {
   /** Resolves when the readback buffers are mapped. */
   readonly done: Promise<void>;
+  /** Host time spent encoding and submitting this command buffer (ms). */
+  readonly hostMs: number;
   readonly #staging: GPUBuffer;
   readonly #top?: GPUBuffer;
 
@@ -43,6 +45,7 @@ export class Submission {
     readonly o: SubmissionOptions,
   ) {
     const d = decoder, dev = d.gpu.device, S = d.opts.maxSlots;
+    const t0 = performance.now();
     // Errors of this submission reject `done` (the engine then fails the requests it served)
     // instead of only being logged while garbage tokens stream on.
     dev.pushErrorScope("validation");
@@ -65,6 +68,7 @@ export class Submission {
     }
     dev.queue.submit([enc.finish()]);
     const oom = dev.popErrorScope(), invalid = dev.popErrorScope();
+    this.hostMs = performance.now() - t0;
     this.done = Promise.all([
       invalid,
       oom,

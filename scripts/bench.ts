@@ -72,6 +72,8 @@ export interface BenchResult {
   ms_per_token_p95: number;
   /** Median over submissions of (time since the previous burst) / (tokens in the burst). */
   step_ms_p50: number;
+  /** Host time encoding and submitting, per decode step recorded, by batch size (ms). */
+  host_ms_per_step: Record<string, number>;
   /** Tokens per delivery burst at batch 1, in order (the first is the prefill's token). */
   bursts: number[];
   bytes_per_token: number;
@@ -145,11 +147,15 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
   const ttft = percentile(ttfts, 50);
 
   const decode: Record<string, number> = {};
+  const hostMs: Record<string, number> = {};
   let batch1: Timed | undefined;
   for (const b of o.batch) {
     status(`bench: decode, batch ${b} x ${o.newTokens} tokens`);
+    const before = engine.hostStats();
     const runs = await generateAll(b, o.newTokens);
     decode[b] = decodeRate(runs);
+    const after = engine.hostStats();
+    hostMs[b] = (after.ms - before.ms) / Math.max(1, after.steps - before.steps);
     if (b === 1) batch1 = runs[0];
   }
   const arrivals = batch1!.arrivals;
@@ -189,6 +195,7 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
     ms_per_token_p50: percentile(gaps, 50),
     ms_per_token_p95: percentile(gaps, 95),
     step_ms_p50: percentile(stepMs, 50),
+    host_ms_per_step: hostMs,
     bursts: groups.map((g) => g.tokens),
     bytes_per_token: bytes.total,
     weight_bytes_per_token: bytes.weights,

@@ -140,6 +140,11 @@ export function formatTable(r: BenchResult): string {
       `${r.step_ms_p50.toFixed(2)} ms  (bursts ${formatBursts(r.bursts)})`,
     ],
     [
+      "host encode + submit per step",
+      r.batch.map((b) => `${(r.host_ms_per_step[b] ?? 0).toFixed(2)}`).join(" / ") +
+      ` ms  (batch ${r.batch.join(" / ")})`,
+    ],
+    [
       "bytes per token (batch 1)",
       `${formatBytes(r.bytes_per_token)}  (weights ${formatBytes(r.weight_bytes_per_token)}` +
       ` + KV ${formatBytes(r.kv_bytes_per_token)} at mean context ${r.mean_context})`,

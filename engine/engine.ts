@@ -44,6 +44,11 @@ export interface EngineOptions {
   maxChunk?: number;
   /** Most decode steps per GPU submission (default 32; 4 on CPU adapters). */
   maxSteps?: number;
+  /**
+   * Decode steps queued on the GPU at once, in units of maxSteps (default 2): deeper hides host
+   * stalls longer, but a new request's prefill waits behind more queued work.
+   */
+  queueDepth?: number;
   /** KV blocks (default: as many as fit in one binding, at most 4096). */
   kvBlocks?: number;
   /** Where sessions are snapshotted after every turn and restored from at load (Deno KV). */
@@ -63,8 +68,8 @@ const REGIONS = 8;
 /**
  * Decode submissions queued at once. A readback lands no sooner than ≈ 10 ms after its work
  * (Deno polls the device on a timer), so while K ramps up (1, 2, 4, …) the next submissions must
- * already be queued or the GPU idles: up to four, holding at most 2 × maxSteps steps, so at full
- * K it is two (the host encodes the next while the GPU runs the other).
+ * already be queued or the GPU idles: up to four, holding at most queueDepth × maxSteps steps, so
+ * at full K it is queueDepth (the host encodes the next while the GPU runs the others).
  */
 const MAX_INFLIGHT = 4;
 const TOP_K = 20;
@@ -131,6 +136,7 @@ export class Engine implements EngineLike {
       // On a CPU adapter a submission blocks Deno's event loop until it finishes: keep it short
       // so cancels, pings and other requests are served between submissions.
       maxSteps: options.maxSteps ?? (isCpuAdapter(gpu) ? 4 : 32),
+      queueDepth: options.queueDepth ?? 2,
     };
     const perPool = Math.floor(gpu.maxBinding / blockBytes(cfg));
     const numBlocks = Math.min(options.kvBlocks ?? 4096, perPool);
@@ -285,7 +291,8 @@ export class Engine implements EngineLike {
       const active = this.#slots.some((s) => s && !s.finished && !s.gpuFinished);
       const queued = this.#inflight.reduce((n, sub) => n + sub.o.steps, 0);
       if (
-        active && this.#inflight.length < MAX_INFLIGHT && queued < 2 * this.opts.maxSteps
+        active && this.#inflight.length < MAX_INFLIGHT &&
+        queued < this.opts.queueDepth * this.opts.maxSteps
       ) {
         this.#submitDecode();
         continue;

@@ -3,7 +3,8 @@
  * of the same GPU in the same run (the roofline). See BENCHMARKS.md for what each number means.
  *
  *   deno task bench [--model DIR | --shape tinyllama-1.1b|tiny] [--batch 1,8,32]
- *     [--prompt-len 128] [--new-tokens 256] [--dtype f16|bf16] [--profile] [--out FILE]
+ *     [--prompt-len 128] [--new-tokens 256] [--dtype f16|bf16] [--profile] [--queue-depth N]
+ *     [--out FILE]
  *
  * The table goes to stdout, progress to stderr (TTY only), and with `--out` a JSON object.
  */
@@ -49,6 +50,8 @@ export interface BenchOptions {
   readBytes?: number;
   /** Prefill runs to take the median of (default 3). */
   prefillRuns?: number;
+  /** The engine's `queueDepth` (default: the engine's). */
+  queueDepth?: number;
   gpu?: Gpu;
 }
 
@@ -72,6 +75,8 @@ export interface BenchResult {
   ms_per_token_p95: number;
   /** Median over submissions of (time since the previous burst) / (tokens in the burst). */
   step_ms_p50: number;
+  /** Decode steps the engine queues on the GPU, in submissions of its maxSteps. */
+  queue_depth: number;
   /** Host time encoding and submitting, per decode step recorded, by batch size (ms). */
   host_ms_per_step: Record<string, number>;
   /** Tokens per delivery burst at batch 1, in order (the first is the prefill's token). */
@@ -112,6 +117,7 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
     contextLength: context,
     // Every request of the largest batch at once, each with its trash-column spare.
     kvBlocks: maxBatch * (Math.ceil(context / BLOCK) + 1) + 2,
+    queueDepth: o.queueDepth,
   };
   status(`bench: loading ${o.shape ? `shape ${o.shape} (${o.dtype})` : o.model}`);
   const engine = o.shape
@@ -195,6 +201,7 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
     ms_per_token_p50: percentile(gaps, 50),
     ms_per_token_p95: percentile(gaps, 95),
     step_ms_p50: percentile(stepMs, 50),
+    queue_depth: engine.opts.queueDepth,
     host_ms_per_step: hostMs,
     bursts: groups.map((g) => g.tokens),
     bytes_per_token: bytes.total,
@@ -211,9 +218,10 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
   };
 }
 
-type Checked = Required<Omit<BenchOptions, "shape" | "gpu" | "readBytes">> & {
+type Checked = Required<Omit<BenchOptions, "shape" | "gpu" | "readBytes" | "queueDepth">> & {
   shape?: string;
   readBytes?: number;
+  queueDepth?: number;
 };
 
 function checkOptions(o: BenchOptions): Checked {
@@ -240,7 +248,11 @@ function checkOptions(o: BenchOptions): Checked {
     profile: o.profile ?? false,
     readBytes: o.readBytes,
     prefillRuns: o.prefillRuns ?? 3,
+    queueDepth: o.queueDepth,
   };
+  if (c.queueDepth !== undefined && !(Number.isInteger(c.queueDepth) && c.queueDepth >= 1)) {
+    throw new Error(`--queue-depth must be an integer ≥ 1; got ${c.queueDepth}`);
+  }
   if (!Number.isInteger(c.promptLen) || c.promptLen < 1) {
     throw new Error(`--prompt-len must be an integer ≥ 1; got ${c.promptLen}`);
   }
@@ -306,7 +318,7 @@ function intFlag(flag: string, v: string | undefined): number | undefined {
 
 const USAGE = `usage: deno task bench [--model DIR | --shape tinyllama-1.1b|tiny] [--batch 1,8,32]
   [--prompt-len 128] [--new-tokens 256] [--dtype f16|bf16] [--profile] [--read-mib N]
-  [--out FILE]`;
+  [--queue-depth N] [--out FILE]`;
 
 /** The CLI: parses flags, runs the bench, prints the table, writes `--out`. */
 export async function main(args: string[]): Promise<void> {
@@ -321,6 +333,7 @@ export async function main(args: string[]): Promise<void> {
       dtype: { type: "string" },
       profile: { type: "boolean" },
       "read-mib": { type: "string" },
+      "queue-depth": { type: "string" },
       out: { type: "string" },
       help: { type: "boolean", short: "h" },
     },
@@ -336,6 +349,7 @@ export async function main(args: string[]): Promise<void> {
     dtype: v.dtype as BenchOptions["dtype"],
     profile: v.profile,
     readBytes: readMib === undefined ? undefined : readMib * 2 ** 20,
+    queueDepth: intFlag("queue-depth", v["queue-depth"]),
   });
   console.log(formatTable(result));
   if (v.out) {

@@ -24,8 +24,14 @@
  * 64-thread workgroup re-reduced Σx² over K for a single row of W) and 1.4–2.1 TB/s without;
  * at M = 8 it was 4× slower than at M = 1, bound by loads of x (two per row of x per unit of
  * W); the tiled kernel took 295–801 µs per projection at M = 32 (32–176 workgroups for 132 SMs,
- * each walking K with two barriers per 8-wide step). The `small` defaults are reasoned, not yet
- * measured: sweep them with the `small` option. `tiled` reached 13–17 TFLOP/s at M = 512.
+ * each walking K with two barriers per 8-wide step). `tiled` reached 13–17 TFLOP/s at M = 512
+ * (about 11 TFLOP/s in a 256-token prefill chunk).
+ *
+ * `small` on the same GPU (scripts/sweep_kernels.ts, 22 layers' weights per pass, warm clocks),
+ * µs per call for qkv / o / gate-up / down / LM head: M = 1: 8.4 / 7.3 / 17.6 / 12.3 / 39.5
+ * (1.2 / 1.2 / 2.6 / 1.9 / 3.3 TB/s); M = 8: 17.2 / 14.5 / 40.6 / 21.6 / 83.8; M = 32: 30.4 / 23.5
+ * / 105 / 45.8 / 284 (with the rm rule of {@linkcode smallTuning}). The small matrices stay far
+ * below the ceiling at M = 1: a call that reads 8 MB lasts about as long as launch and drain.
  */
 import { createStorage, type Gpu, writeBuffer } from "../engine/gpu.ts";
 import { BYTES, type DType, encode, WDTYPE } from "../engine/dtype.ts";

@@ -20,7 +20,7 @@ import {
   type WeightBuffer,
 } from "../kernels/matmul.ts";
 import { matmulNormRef, matmulRef, swigluRef, weightRef } from "../kernels/reference.ts";
-import { assertClose, rng, testGpu } from "./util.ts";
+import { assertClose, denseRows, rng, testGpu } from "./util.ts";
 
 type TestGpu = Awaited<ReturnType<typeof testGpu>>;
 
@@ -125,14 +125,9 @@ async function checkFused(c: FusedCase, seed: number): Promise<void> {
   assert.equal(matmulPath(m, w), c.path, `${d.label} picked the wrong kernel`);
   await run(gpu, [d]);
   const got = await readF32(gpu, y0.buffer, yLen);
-  const prior = new Float64Array(m * n);
-  const gotDense = new Float64Array(m * n);
-  for (let i = 0; i < m; i++) {
-    for (let j = 0; j < n; j++) {
-      prior[i * n + j] = y0.values[yOffset + i * yStride + j];
-      gotDense[i * n + j] = got[yOffset + i * yStride + j];
-    }
-  }
+  const rows = { rows: m, cols: n, offset: yOffset, stride: yStride };
+  const prior = denseRows(y0.values, rows);
+  const gotDense = denseRows(got, rows);
   const y = c.accumulate ? prior : undefined;
   const normWeight = c.norm ? nw.values : undefined;
   const want = c.swiglu

@@ -26,7 +26,7 @@ import {
   siluMulRef,
   weightRef,
 } from "../kernels/reference.ts";
-import { assertClose, rng, testGpu } from "./util.ts";
+import { assertClose, denseRows, rng, testGpu } from "./util.ts";
 
 const DTYPES: DType[] = ["f32", "f16", "bf16"];
 
@@ -137,14 +137,9 @@ async function checkMatmul(c: MatmulCase, seed: number): Promise<void> {
   assert.equal(matmulPath(m, w), c.path, `${d.label} picked the wrong kernel`);
   await run(gpu, [d]);
   const got = await readF32(gpu, y0.buffer, yLen);
-  const prior = new Float64Array(m * n);
-  const gotDense = new Float64Array(m * n);
-  for (let i = 0; i < m; i++) {
-    for (let j = 0; j < n; j++) {
-      prior[i * n + j] = y0.values[yOffset + i * yStride + j];
-      gotDense[i * n + j] = got[yOffset + i * yStride + j];
-    }
-  }
+  const rows = { rows: m, cols: n, offset: yOffset, stride: yStride };
+  const prior = denseRows(y0.values, rows);
+  const gotDense = denseRows(got, rows);
   const want = matmulRef(x.values, weightRef(wValues, dtype), {
     m,
     n,

@@ -75,6 +75,23 @@ export function assertClose(
   if (c.firstBad >= 0) throw new Error(c.report);
 }
 
+/** Where a strided matrix sits in a flat buffer: `rows × cols`, row i at `offset + i * stride`. */
+export interface StridedRows {
+  rows: number;
+  cols: number;
+  offset: number;
+  stride: number;
+}
+
+/** The `rows × cols` matrix at `at` in `values`, packed densely (row-major, float64). */
+export function denseRows(values: ArrayLike<number>, at: StridedRows): Float64Array {
+  const out = new Float64Array(at.rows * at.cols);
+  for (let i = 0; i < at.rows; i++) {
+    for (let j = 0; j < at.cols; j++) out[i * at.cols + j] = values[at.offset + i * at.stride + j];
+  }
+  return out;
+}
+
 let printed = false;
 /** The shared GPU; prints the adapter once per test process. */
 export async function testGpu(): Promise<Gpu> {

@@ -101,6 +101,11 @@ Deno.test("bench: runBench on the tiny shape reports every field", async () => {
   assert.ok(r.ms_per_token_p50 >= 0 && r.ms_per_token_p50 <= r.ms_per_token_p95);
   assert.ok(r.roofline_fraction < 5, `roofline fraction ${r.roofline_fraction} is implausible`);
   assert.equal(r.bursts.reduce((a, b) => a + b, 0), 8);
+  assert.equal(r.queue_depth, 2);
+  for (const b of ["1", "2"]) {
+    const ms = r.host_ms_per_step[b];
+    assert.ok(ms > 0 && ms < 10_000, `host ms per step at batch ${b}: ${ms}`);
+  }
   assert.equal(r.prompt_len, 8);
   assert.equal(r.new_tokens, 8);
   assert.equal(r.deno, Deno.version.deno);

@@ -132,11 +132,30 @@ Deno.test("engine: tokens do not depend on batch composition or steps per submis
     };
     const one = await Engine.load(dir, { maxSlots: 4, contextLength: 64, maxSteps: 1 });
     const many = await Engine.load(dir, { maxSlots: 4, contextLength: 64, maxSteps: 16 });
+    // One submission queued at a time, or four: the queue changes timing, never tokens.
+    const shallow = await Engine.load(dir, {
+      maxSlots: 4,
+      contextLength: 64,
+      maxSteps: 4,
+      queueDepth: 1,
+    });
+    const deep = await Engine.load(dir, { maxSlots: 4, contextLength: 64, queueDepth: 4 });
     const alone = await run(one, false);
     const batched = await run(many, true);
+    for (const [name, engine] of [["shallow", shallow], ["deep", deep]] as const) {
+      const got = await run(engine, true);
+      for (let i = 0; i < prompts.length; i++) {
+        assert.deepEqual(got[i].tokens, alone[i].tokens, `${name} queue, prompt ${i}`);
+      }
+    }
     for (let i = 0; i < prompts.length; i++) {
       assert.deepEqual(batched[i].tokens, alone[i].tokens, `prompt ${i}`);
     }
+    // Every token came out of a recorded step, and encoding them took host time.
+    const stats = one.hostStats();
+    const generated = alone.reduce((n, r) => n + r.tokens.length, 0);
+    assert.ok(stats.steps >= generated, `${stats.steps} steps for ${generated} tokens`);
+    assert.ok(stats.submissions >= stats.steps && stats.ms > 0, JSON.stringify(stats));
   } finally {
     await Deno.remove(dir, { recursive: true });
   }

@@ -271,7 +271,6 @@ export function attentionDecodeDispatches(
     HD: D,
     ROWS: geo.rows,
     RPR: geo.rpr,
-    CWG,
   };
   const prelude = wgsl("rope_common.wgsl");
   const main = pipeline(gpu, "attention_decode.wgsl", { constants, prelude });

@@ -32,14 +32,18 @@
 //       sums (a share per thread, added up once at the end) and publish the rescale alpha;
 //   PV  thread (key group kg, d4) updates all ROWS rows of acc[r][d4] += p[r][j] V[j][d4] over
 //       keys kg, kg + KG, ... (V loads coalesced across d4, each used ROWS times).
-// Four barriers per chunk; no serial loop longer than HD / 16 vec4s or KEYS / MP. The next
-// chunk's K is loaded as soon as S is done with the registers, its V after PV, and the physical
-// blocks two chunks ahead, so the block-table lookup stays off the critical path. At the end the
-// KG key groups' accumulators are summed through workgroup memory, RPR rows per round. The
-// per-thread state (K and V registers, running maxima and sums, accumulators) is only ever indexed
-// by constants under `if (N > n)` guards, because naga's loop guards can keep a driver from
-// unrolling loops, and an array indexed by a loop counter then lives in local memory (on an H200
-// that made every chunk ~10x slower).
+// Four barriers per chunk, and no loops inside a chunk. The next chunk's K is loaded as soon as
+// S is done with the registers, its V after PV, and the physical blocks two chunks ahead, so the
+// block-table lookup stays off the critical path. At the end the KG key groups' accumulators are
+// summed through workgroup memory, RPR rows per round. The per-thread state (K and V registers,
+// running maxima and sums, accumulators) is only ever indexed by constants under `if (N > n)`
+// guards, because naga's loop guards can keep a driver from unrolling loops, and an array
+// indexed by a loop counter then lives in local memory (on an H200 that made every chunk ~10x
+// slower). For the same reason the short loops over rows, keys, partial maxima and key groups
+// are written out as straight-line code under such guards: on the H200 a loop trip costs about
+// 30 ns whatever its body (scripts/probe_dispatch.ts: 512 dependent FMAs take 15 us as a loop,
+// 1 us unrolled). With those loops, `main` + `combine` took 23.2 us per layer at batch 1 and
+// context 640 (TinyLlama heads); without, 11.1 us (scripts/sweep_kernels.ts).
 //
 // A slot's chunks are spread evenly over the n_split splits by its own length: split c takes
 // chunks [c * per, (c + 1) * per), per = ceil(chunks / n_split); splits past the end return at
@@ -61,7 +65,7 @@ override WG: u32 = 256u; // threads of `main`: 64, 128 or 256
 override HD: u32 = 64u; // head_dim, a multiple of 4
 override ROWS: u32 = 8u; // q heads per workgroup, <= RMAX
 override RPR: u32 = 2u; // rows per round of the final reduction
-override CWG: u32 = 64u; // threads of `combine`, >= HD / 4 and >= the split count
+const CWG: u32 = 64u; // threads of `combine`, >= HD / 4 and >= the split count
 
 const BLOCK: u32 = 16u;
 const NEG: f32 = -1e30;
@@ -113,13 +117,15 @@ var<workgroup> qs: array<vec4<f32>, ROWS * D4>; // [r][d4], pre-scaled
 // round [rr][kg][d4] of the final sum of the P.V accumulators.
 var<workgroup> buf: array<vec4<f32>, max(ROWS * KEYS, RPR * KG * D4)>;
 var<workgroup> sc: array<f32, ROWS * KEYS>; // [r][j] masked scores, then p; at the end l shares
-var<workgroup> part: array<f32, ROWS * MP>; // [r][i] partial row maxima, at the end row sums
+// [r][i] partial row maxima (two vec4 per row), at the end row sums
+var<workgroup> part: array<vec4<f32>, ROWS * MP / 4u>;
 var<workgroup> alpha: array<f32, ROWS>; // per-chunk rescale of acc; at the end the row max
 var<workgroup> blocks: array<u32, 2u * BPC>; // physical blocks of the next two chunks, by parity
 var<workgroup> len_shared: u32;
 
-var<workgroup> cml: array<vec2<f32>, CWG>; // `combine`: (m, l) per split
-var<workgroup> cw: array<vec2<f32>, CWG>; // `combine`: (w, l w) per split
+var<workgroup> cm: array<vec4<f32>, CWG / 4u>; // `combine`: m per split (-inf past n)
+var<workgroup> cw: array<f32, CWG>; // `combine`: w per split
+var<workgroup> cl: array<vec4<f32>, CWG / 4u>; // `combine`: w l per split
 var<workgroup> cred: array<vec4<f32>, CWG>; // `combine`: [cg][d4] partial sums
 
 // Vec4 offset of q head h of slot s in `out`.
@@ -440,10 +446,8 @@ fn softmax_row(r: u32, j: u32, live: bool, ml: vec2<f32>) -> vec2<f32> {
   if (r >= ROWS) {
     return ml;
   }
-  var mx = ml.x;
-  for (var i = 0u; i < MP; i++) {
-    mx = max(mx, part[r * MP + i]);
-  }
+  let m4 = max(part[2u * r], part[2u * r + 1u]); // MP = 8: two vec4
+  let mx = max(ml.x, max(max(m4.x, m4.y), max(m4.z, m4.w)));
   let a = exp2(ml.x - mx);
   let pj = select(0.0, exp2(sc[r * KEYS + j] - mx), live);
   sc[r * KEYS + j] = pj;
@@ -461,6 +465,86 @@ fn publish_row(r: u32, j: u32, ml: vec2<f32>) {
       alpha[r] = ml.x;
     }
   }
+}
+
+// M for row r, key i of the chunk starting at key `base`: the whole score (its four components
+// added) into sc, masked past len; returns it.
+fn whole_score(r: u32, i: u32, base: u32, len: u32) -> f32 {
+  let v = select(NEG, dot(buf[r * KEYS + i], vec4<f32>(1.0)), base + i < len);
+  sc[r * KEYS + i] = v;
+  return v;
+}
+
+// Key group g's accumulator of row rr of the round (buf[rr][g][d4]); zero past KG.
+fn group_acc(rr: u32, g: u32, d4: u32) -> vec4<f32> {
+  if (g >= KG) {
+    return vec4<f32>(0.0);
+  }
+  return buf[(rr * KG + g) * D4 + d4];
+}
+
+// One round of the final reduction of `main`: rows r0 .. r0 + RPR - 1 (< ROWS) of every key
+// group's accumulators meet in `buf`, and RPR * D4 threads add them up (a straight line of
+// loads: a loop here would cost ~30 ns per trip on an H200) and write the rows of real q heads.
+fn final_round(
+  r0: u32,
+  kg: u32,
+  d4: u32,
+  lid: u32,
+  s: u32,
+  kvh: u32,
+  g0: u32,
+  split: u32,
+  a0: vec4<f32>,
+  a1: vec4<f32>,
+  a2: vec4<f32>,
+  a3: vec4<f32>,
+  a4: vec4<f32>,
+  a5: vec4<f32>,
+  a6: vec4<f32>,
+  a7: vec4<f32>,
+) {
+  if (kg < KG) {
+    buf[kg * D4 + d4] = pick(a0, a1, a2, a3, a4, a5, a6, a7, r0);
+    if (RPR > 1u && r0 + 1u < ROWS) {
+      buf[(KG + kg) * D4 + d4] = pick(a0, a1, a2, a3, a4, a5, a6, a7, r0 + 1u);
+    }
+  }
+  workgroupBarrier();
+  let rr = lid / D4;
+  let r = r0 + rr;
+  if (lid < RPR * D4 && r < ROWS && g0 + r < p.group) {
+    var o = group_acc(rr, 0u, d4) + group_acc(rr, 1u, d4) + group_acc(rr, 2u, d4) +
+      group_acc(rr, 3u, d4);
+    if (KG > 4u) {
+      o += group_acc(rr, 4u, d4) + group_acc(rr, 5u, d4) + group_acc(rr, 6u, d4) +
+        group_acc(rr, 7u, d4);
+    }
+    if (KG > 8u) {
+      o += group_acc(rr, 8u, d4) + group_acc(rr, 9u, d4) + group_acc(rr, 10u, d4) +
+        group_acc(rr, 11u, d4);
+    }
+    if (KG > 12u) {
+      o += group_acc(rr, 12u, d4) + group_acc(rr, 13u, d4) + group_acc(rr, 14u, d4) +
+        group_acc(rr, 15u, d4);
+    }
+    for (var g = 16u; g < KG; g++) { // tiny head dims only (HD < 16)
+      o += buf[(rr * KG + g) * D4 + d4];
+    }
+    let l4 = part[2u * r] + part[2u * r + 1u]; // MP = 8 shares
+    let l = l4.x + l4.y + l4.z + l4.w;
+    let h = kvh * p.group + g0 + r;
+    if (p.n_split == 1u) {
+      dst[head_row(s, h) + d4] = o / l;
+    } else {
+      let at = (s * p.n_heads + h) * p.n_split + split;
+      dst[at * D4 + d4] = o;
+      if (d4 == 0u) {
+        dst[p.seqs * p.n_heads * p.n_split * D4 + at] = vec4<f32>(alpha[r], l, 0.0, 0.0);
+      }
+    }
+  }
+  workgroupBarrier();
 }
 
 @compute @workgroup_size(WG)
@@ -571,8 +655,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
 
     // S: this thread's share of the scores of key kj, for every row.
-    for (var r = 0u; r < ROWS; r++) {
-      buf[r * KEYS + kj][kpart] = score(&kr, r, kpart);
+    buf[kj][kpart] = score(&kr, 0u, kpart);
+    if (ROWS > 1u) {
+      buf[1u * KEYS + kj][kpart] = score(&kr, 1u, kpart);
+    }
+    if (ROWS > 2u) {
+      buf[2u * KEYS + kj][kpart] = score(&kr, 2u, kpart);
+    }
+    if (ROWS > 3u) {
+      buf[3u * KEYS + kj][kpart] = score(&kr, 3u, kpart);
+    }
+    if (ROWS > 4u) {
+      buf[4u * KEYS + kj][kpart] = score(&kr, 4u, kpart);
+    }
+    if (ROWS > 5u) {
+      buf[5u * KEYS + kj][kpart] = score(&kr, 5u, kpart);
+    }
+    if (ROWS > 6u) {
+      buf[6u * KEYS + kj][kpart] = score(&kr, 6u, kpart);
+    }
+    if (ROWS > 7u) {
+      buf[7u * KEYS + kj][kpart] = score(&kr, 7u, kpart);
     }
     if ((ch + 1u) * KEYS + kj < len && ch + 1u < c1) {
       load_k(&kr, key_row(ch + 1u, kj, kvh), kpart);
@@ -583,14 +686,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // threads, consecutive vec4s). Constant trip counts, so the loads go out together.
     if (lid < ROWS * MP) {
       let r = lid / MP;
-      var mx = NEG;
-      for (var x = 0u; x < KEYS / MP; x++) {
-        let i = lid % MP + x * MP;
-        let v = select(NEG, dot(buf[r * KEYS + i], vec4<f32>(1.0)), ch * KEYS + i < len);
-        sc[r * KEYS + i] = v;
-        mx = max(mx, v);
+      let i = lid % MP;
+      let base = ch * KEYS;
+      var mx = whole_score(r, i, base, len);
+      if (KEYS / MP > 1u) {
+        mx = max(mx, whole_score(r, i + 1u * MP, base, len));
       }
-      part[lid] = mx;
+      if (KEYS / MP > 2u) {
+        mx = max(mx, whole_score(r, i + 2u * MP, base, len));
+      }
+      if (KEYS / MP > 3u) {
+        mx = max(mx, whole_score(r, i + 3u * MP, base, len));
+      }
+      if (KEYS / MP > 4u) {
+        mx = max(mx, whole_score(r, i + 4u * MP, base, len));
+      }
+      if (KEYS / MP > 5u) {
+        mx = max(mx, whole_score(r, i + 5u * MP, base, len));
+      }
+      if (KEYS / MP > 6u) {
+        mx = max(mx, whole_score(r, i + 6u * MP, base, len));
+      }
+      if (KEYS / MP > 7u) {
+        mx = max(mx, whole_score(r, i + 7u * MP, base, len));
+      }
+      part[lid / 4u][lid % 4u] = mx;
     }
     workgroupBarrier();
 
@@ -643,109 +763,168 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
   workgroupBarrier();
   if (lid < ROWS * MP) {
-    let r = lid / MP;
-    var l = 0.0;
-    for (var x = 0u; x < KEYS / MP; x++) {
-      l += sc[r * KEYS + lid % MP + x * MP];
+    let at = (lid / MP) * KEYS + lid % MP;
+    var l = sc[at];
+    if (KEYS / MP > 1u) {
+      l += sc[at + 1u * MP];
     }
-    part[lid] = l;
+    if (KEYS / MP > 2u) {
+      l += sc[at + 2u * MP];
+    }
+    if (KEYS / MP > 3u) {
+      l += sc[at + 3u * MP];
+    }
+    if (KEYS / MP > 4u) {
+      l += sc[at + 4u * MP];
+    }
+    if (KEYS / MP > 5u) {
+      l += sc[at + 5u * MP];
+    }
+    if (KEYS / MP > 6u) {
+      l += sc[at + 6u * MP];
+    }
+    if (KEYS / MP > 7u) {
+      l += sc[at + 7u * MP];
+    }
+    part[lid / 4u][lid % 4u] = l;
   }
 
   // Sum the key groups' accumulators, RPR rows per round, and write the rows of real q heads.
-  for (var r0 = 0u; r0 < ROWS; r0 += RPR) {
-    if (kg < KG) {
-      for (var rr = 0u; rr < RPR; rr++) {
-        if (r0 + rr < ROWS) {
-          let a = pick(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, r0 + rr);
-          buf[(rr * KG + kg) * D4 + d4] = a;
-        }
-      }
-    }
-    workgroupBarrier();
-    let r = r0 + lid / D4;
-    if (lid < RPR * D4 && r < ROWS && g0 + r < p.group) {
-      var o = vec4<f32>(0.0);
-      for (var g = 0u; g < KG; g++) {
-        o += buf[((lid / D4) * KG + g) * D4 + d4];
-      }
-      var l = 0.0;
-      for (var i = 0u; i < MP; i++) {
-        l += part[r * MP + i];
-      }
-      let h = kvh * p.group + g0 + r;
-      if (p.n_split == 1u) {
-        dst[head_row(s, h) + d4] = o / l;
-      } else {
-        let at = (s * p.n_heads + h) * p.n_split + split;
-        dst[at * D4 + d4] = o;
-        if (d4 == 0u) {
-          dst[p.seqs * p.n_heads * p.n_split * D4 + at] = vec4<f32>(alpha[r], l, 0.0, 0.0);
-        }
-      }
-    }
-    workgroupBarrier();
+  final_round(0u, kg, d4, lid, s, kvh, g0, split, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7);
+  if (ROWS > 1u * RPR) {
+    final_round(1u * RPR, kg, d4, lid, s, kvh, g0, split, acc0, acc1, acc2, acc3, acc4, acc5,
+      acc6, acc7);
+  }
+  if (ROWS > 2u * RPR) {
+    final_round(2u * RPR, kg, d4, lid, s, kvh, g0, split, acc0, acc1, acc2, acc3, acc4, acc5,
+      acc6, acc7);
+  }
+  if (ROWS > 3u * RPR) {
+    final_round(3u * RPR, kg, d4, lid, s, kvh, g0, split, acc0, acc1, acc2, acc3, acc4, acc5,
+      acc6, acc7);
+  }
+  if (ROWS > 4u * RPR) {
+    final_round(4u * RPR, kg, d4, lid, s, kvh, g0, split, acc0, acc1, acc2, acc3, acc4, acc5,
+      acc6, acc7);
+  }
+  if (ROWS > 5u * RPR) {
+    final_round(5u * RPR, kg, d4, lid, s, kvh, g0, split, acc0, acc1, acc2, acc3, acc4, acc5,
+      acc6, acc7);
+  }
+  if (ROWS > 6u * RPR) {
+    final_round(6u * RPR, kg, d4, lid, s, kvh, g0, split, acc0, acc1, acc2, acc3, acc4, acc5,
+      acc6, acc7);
+  }
+  if (ROWS > 7u * RPR) {
+    final_round(7u * RPR, kg, d4, lid, s, kvh, g0, split, acc0, acc1, acc2, acc3, acc4, acc5,
+      acc6, acc7);
   }
 }
 
+// Split c's accumulator at element d4, or zero when c holds no keys (c >= n).
+fn part_acc(base: u32, c: u32, d4: u32, n: u32) -> vec4<f32> {
+  if (c >= n) {
+    return vec4<f32>(0.0);
+  }
+  return partials[(base + c) * D4 + d4];
+}
+
+// Split c's weighted accumulator a w_c; zero when c holds no keys (its `a` may be stale).
+fn weighted(a: vec4<f32>, c: u32, n: u32) -> vec4<f32> {
+  if (c >= n) {
+    return vec4<f32>(0.0);
+  }
+  return a * cw[c];
+}
+
+// Group g's share of the output at element d4 (zero past CG).
+fn group_sum(g: u32, d4: u32) -> vec4<f32> {
+  if (g >= CG) {
+    return vec4<f32>(0.0);
+  }
+  return cred[g * D4 + d4];
+}
+
+// Straight-line code throughout (no loops: on an H200 every loop trip costs ~30 ns, which made
+// the looped version of this kernel ~9 us).
 @compute @workgroup_size(CWG)
 fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let h = wid.x;
   let s = wid.y;
+  let base = (s * p.n_heads + h) * p.n_split;
+  let cg = lid / D4;
+  let d4 = lid % D4;
+
+  // Every load up front, not waiting for seq_len: (m, l) of split lid, and acc of splits cg,
+  // cg + CG, ... at element d4 (guarded by n_split here; splits at or past n are zeroed below).
+  var ml = vec2<f32>(NEG, 0.0);
+  if (lid < p.n_split) {
+    ml = partials[p.seqs * p.n_heads * p.n_split * D4 + base + lid].xy;
+  }
+  let ok = cg < CG;
+  let a0 = part_acc(base, cg, d4, select(0u, p.n_split, ok));
+  let a1 = part_acc(base, cg + CG, d4, select(0u, p.n_split, ok));
+  let a2 = part_acc(base, cg + 2u * CG, d4, select(0u, p.n_split, ok));
+  let a3 = part_acc(base, cg + 3u * CG, d4, select(0u, p.n_split, ok));
+  let a4 = part_acc(base, cg + 4u * CG, d4, select(0u, p.n_split, ok));
+  let a5 = part_acc(base, cg + 5u * CG, d4, select(0u, p.n_split, ok));
+  let a6 = part_acc(base, cg + 6u * CG, d4, select(0u, p.n_split, ok));
+  let a7 = part_acc(base, cg + 7u * CG, d4, select(0u, p.n_split, ok));
+  let a8 = part_acc(base, cg + 8u * CG, d4, select(0u, p.n_split, ok));
+  let a9 = part_acc(base, cg + 9u * CG, d4, select(0u, p.n_split, ok));
+  let a10 = part_acc(base, cg + 10u * CG, d4, select(0u, p.n_split, ok));
+  let a11 = part_acc(base, cg + 11u * CG, d4, select(0u, p.n_split, ok));
+  let a12 = part_acc(base, cg + 12u * CG, d4, select(0u, p.n_split, ok));
+  let a13 = part_acc(base, cg + 13u * CG, d4, select(0u, p.n_split, ok));
+  let a14 = part_acc(base, cg + 14u * CG, d4, select(0u, p.n_split, ok));
+  let a15 = part_acc(base, cg + 15u * CG, d4, select(0u, p.n_split, ok));
+
   let len = seq_len[s];
   let chunks = (len + KEYS - 1u) / KEYS;
   let per = max(1u, (chunks + p.n_split - 1u) / p.n_split);
   let n = (chunks + per - 1u) / per; // splits that hold keys, as `main` divided them
-  let base = (s * p.n_heads + h) * p.n_split;
-
-  // Every load up front, not waiting for seq_len: (m, l) of split lid, and acc of splits cg,
-  // cg + CG, ... at element d4. Splits at or past n hold stale values: never used.
-  var ml = vec2<f32>(0.0);
-  if (lid < p.n_split) {
-    ml = partials[p.seqs * p.n_heads * p.n_split * D4 + base + lid].xy;
-  }
-  cml[lid] = select(vec2<f32>(NEG, 0.0), ml, lid < n);
-  let cg = lid / D4;
-  let d4 = lid % D4;
-  var a: array<vec4<f32>, CMAX>;
-  for (var x = 0u; x < CMAX; x++) {
-    let c = cg + x * CG;
-    if (cg < CG && c < p.n_split) {
-      a[x] = partials[(base + c) * D4 + d4];
-    }
-  }
+  cm[lid / 4u][lid % 4u] = select(NEG, ml.x, lid < n);
   workgroupBarrier();
 
-  // Weights 2^(m_c - M), 0 past n. Loops over all CWG entries (constant trip counts), so their
-  // reads go out together instead of one after another.
-  var mx = NEG;
-  for (var c = 0u; c < CWG; c++) {
-    mx = max(mx, cml[c].x);
-  }
-  let w = select(0.0, exp2(cml[lid].x - mx), lid < n);
-  cw[lid] = vec2<f32>(w, w * cml[lid].y);
+  // Weights 2^(m_c - M), 0 past n: the max over all CWG = 64 entries, 16 vec4 reads.
+  var m4 = max(max(max(cm[0], cm[1]), max(cm[2], cm[3])),
+    max(max(cm[4], cm[5]), max(cm[6], cm[7])));
+  m4 = max(m4, max(max(max(cm[8], cm[9]), max(cm[10], cm[11])),
+    max(max(cm[12], cm[13]), max(cm[14], cm[15]))));
+  let mx = max(max(m4.x, m4.y), max(m4.z, m4.w));
+  let w = select(0.0, exp2(ml.x - mx), lid < n);
+  cw[lid] = w;
+  cl[lid / 4u][lid % 4u] = select(0.0, w * ml.y, lid < n);
   workgroupBarrier();
 
-  if (cg < CG) {
-    var o = vec4<f32>(0.0);
-    for (var x = 0u; x < CMAX; x++) {
-      let c = cg + x * CG;
-      if (c < n) {
-        o += a[x] * cw[c].x;
-      }
-    }
+  let o = weighted(a0, cg, n) + weighted(a1, cg + CG, n) + weighted(a2, cg + 2u * CG, n) +
+    weighted(a3, cg + 3u * CG, n) + weighted(a4, cg + 4u * CG, n) + weighted(a5, cg + 5u * CG, n) +
+    weighted(a6, cg + 6u * CG, n) + weighted(a7, cg + 7u * CG, n) + weighted(a8, cg + 8u * CG, n) +
+    weighted(a9, cg + 9u * CG, n) + weighted(a10, cg + 10u * CG, n) +
+    weighted(a11, cg + 11u * CG, n) + weighted(a12, cg + 12u * CG, n) +
+    weighted(a13, cg + 13u * CG, n) + weighted(a14, cg + 14u * CG, n) +
+    weighted(a15, cg + 15u * CG, n);
+  if (ok) {
     cred[lid] = o;
   }
   workgroupBarrier();
 
   if (lid < D4) {
-    var o = vec4<f32>(0.0);
-    for (var g = 0u; g < CG; g++) {
-      o += cred[g * D4 + lid];
+    var t = group_sum(0u, lid) + group_sum(1u, lid) + group_sum(2u, lid) + group_sum(3u, lid);
+    if (CG > 4u) {
+      t += group_sum(4u, lid) + group_sum(5u, lid) + group_sum(6u, lid) + group_sum(7u, lid);
     }
-    var l = 0.0;
-    for (var c = 0u; c < CWG; c++) {
-      l += cw[c].y;
+    if (CG > 8u) {
+      t += group_sum(8u, lid) + group_sum(9u, lid) + group_sum(10u, lid) + group_sum(11u, lid);
+      t += group_sum(12u, lid) + group_sum(13u, lid) + group_sum(14u, lid) + group_sum(15u, lid);
     }
-    dst[head_row(s, h) + lid] = select(vec4<f32>(0.0), o / l, n > 0u);
+    for (var g = 16u; g < CG; g++) { // tiny head dims only (HD < 64)
+      t += cred[g * D4 + lid];
+    }
+    // l = sum over the splits of w l: 16 vec4 reads.
+    var l4 = (cl[0] + cl[1] + cl[2] + cl[3]) + (cl[4] + cl[5] + cl[6] + cl[7]);
+    l4 += (cl[8] + cl[9] + cl[10] + cl[11]) + (cl[12] + cl[13] + cl[14] + cl[15]);
+    let l = l4.x + l4.y + l4.z + l4.w;
+    dst[head_row(s, h) + lid] = select(vec4<f32>(0.0), t / l, n > 0u);
   }
 }

@@ -45,8 +45,10 @@ export interface EngineOptions {
   /** Most decode steps per GPU submission (default 32; 4 on CPU adapters). */
   maxSteps?: number;
   /**
-   * Decode steps queued on the GPU at once, in units of maxSteps (default 2): deeper hides host
-   * stalls longer, but a new request's prefill waits behind more queued work.
+   * Decode steps queued on the GPU at once, in units of maxSteps (default 2), the one encoded
+   * ahead and held for the next readback included: deeper covers the ≥ 10 ms readbacks while K
+   * ramps up, but tokens arrive in larger bursts and a new request's prefill waits behind more
+   * queued work.
    */
   queueDepth?: number;
   /** KV blocks (default: as many as fit in one binding, at most 4096). */
@@ -66,10 +68,10 @@ export interface EngineModel {
 
 const REGIONS = 8;
 /**
- * Decode submissions queued at once. A readback lands no sooner than ≈ 10 ms after its work
- * (Deno polls the device on a timer), so while K ramps up (1, 2, 4, …) the next submissions must
- * already be queued or the GPU idles: up to four, holding at most queueDepth × maxSteps steps, so
- * at full K it is queueDepth (the host encodes the next while the GPU runs the others).
+ * Submissions queued on the GPU before the host waits for their readback. A readback lands no
+ * sooner than ≈ 10 ms after its work (Deno polls the device on a timer), so while K ramps up
+ * (1, 2, 4, …) several must already be queued or the GPU idles: up to four, holding fewer than
+ * (queueDepth − 1) × maxSteps steps, plus the one held for the moment the wait returns.
  */
 const MAX_INFLIGHT = 4;
 const TOP_K = 20;
@@ -83,6 +85,8 @@ export class Engine implements EngineLike {
   #slots: (Sequence | undefined)[];
   #waiting: Sequence[] = [];
   #inflight: Submission[] = [];
+  /** The next decode submission, encoded ahead but not submitted (see {@linkcode #loop}). */
+  #held?: Submission;
   readonly #sessions: Sessions;
   #region = 0;
   #running = false;
@@ -279,28 +283,53 @@ export class Engine implements EngineLike {
       this.#waiting = [];
       this.#slots.fill(undefined);
       this.#inflight = [];
+      this.#dropHeld();
     }).finally(() => {
       this.#running = false;
       if (this.#waiting.length) this.#kick();
     });
   }
 
+  /**
+   * The scheduler. Waiting for a readback blocks the host until the GPU has finished everything
+   * submitted (Deno's `mapAsync`, see engine/submission.ts), so the loop keeps one decode
+   * submission encoded but not submitted (`#held`) and submits it the moment that wait returns:
+   * the GPU then works while the host reads back, hands out tokens and encodes the next one.
+   * Before waiting, held submissions are submitted outright while fewer than
+   * `(queueDepth − 1) · maxSteps` decode steps are queued (early in a generation, K is small
+   * next to the ≥ 10 ms a readback takes), but not behind a prefill that yields a first token,
+   * so that token is not held back by decode steps.
+   */
   async #loop(): Promise<void> {
     while (true) {
       this.#admit();
       const active = this.#slots.some((s) => s && !s.finished && !s.gpuFinished);
-      const queued = this.#inflight.reduce((n, sub) => n + sub.o.steps, 0);
-      if (
-        active && this.#inflight.length < MAX_INFLIGHT &&
-        queued < this.opts.queueDepth * this.opts.maxSteps
-      ) {
-        this.#submitDecode();
+      if (!active) this.#dropHeld(); // its sequences ended on the host meanwhile
+      if (active && !this.#held) {
+        this.#held = this.#encodeDecode();
         continue;
       }
-      const oldest = this.#inflight.shift();
-      if (!oldest) break;
-      await oldest.done;
-      this.#process(oldest);
+      const queued = this.#inflight.reduce((n, sub) => n + sub.o.steps, 0);
+      const firstToken = this.#inflight.some((sub) => sub.o.prefill && sub.o.steps > 0);
+      if (
+        this.#held && (this.#inflight.length === 0 ||
+          (!firstToken && this.#inflight.length < MAX_INFLIGHT &&
+            queued < (this.opts.queueDepth - 1) * this.opts.maxSteps))
+      ) {
+        this.#submitHeld();
+        continue;
+      }
+      if (!this.#inflight.length) break;
+      // Every submitted buffer is finished once the first readback request returns: request
+      // them all, then put the held one on the GPU before handing out tokens.
+      const batch = this.#inflight.splice(0);
+      const dones = batch.map((sub) => sub.done);
+      for (const d of dones) d.catch(() => {}); // awaited below, in order
+      if (this.#held) this.#submitHeld();
+      for (let i = 0; i < batch.length; i++) {
+        await dones[i];
+        this.#process(batch[i]);
+      }
     }
   }
 
@@ -323,6 +352,7 @@ export class Engine implements EngineLike {
       seq.blocks.reserve(total);
       seq.slot = slot;
       this.#slots[slot] = seq;
+      this.#dropHeld(); // encoded without this sequence's slot
       this.#prefill(seq);
       this.#nextK = 1;
     }
@@ -364,40 +394,64 @@ export class Engine implements EngineLike {
       });
       const slots = new Array(this.opts.maxSlots).fill(undefined);
       slots[slot] = seq;
-      this.#submit(dispatches, {
+      const sub = this.#encode(dispatches, {
         region,
         steps: last ? 1 : 0,
         slots,
         top: seq.sampling.topLogprobs > 0,
+        prefill: true,
       });
+      this.#commit(sub);
     }
     seq.blocks.markComputed(ids.length);
     seq.prefillSubmitted = true;
     seq.stepsSubmitted = 1; // the prefill's last chunk samples the first token
   }
 
-  #submitDecode(): void {
+  /**
+   * Encodes the next K decode steps of every live slot, without submitting them: nothing about
+   * the sequences changes until {@linkcode #submitHeld}.
+   */
+  #encodeDecode(): Submission {
     const live = this.#slots.map((s) => (s && !s.finished && !s.gpuFinished ? s : undefined));
     const S = live.findLastIndex(Boolean) + 1;
     const remaining = Math.max(...live.map((s) => (s ? s.gpuRemaining : 0)));
     const K = Math.max(1, Math.min(this.#nextK, this.opts.maxSteps, remaining));
-    this.#nextK = Math.min(this.opts.maxSteps, this.#nextK * 2);
     const withTop = live.some((s) => s && s.sampling.topLogprobs > 0);
     const region = this.#nextRegion();
     const dispatches = [];
     for (let k = 0; k < K; k++) dispatches.push(...this.decoder.decodeStep(S, region, k, withTop));
-    for (const s of live) if (s) s.stepsSubmitted += K;
-    this.#submit(dispatches, { region, steps: K, slots: live, top: withTop });
+    return this.#encode(dispatches, { region, steps: K, slots: live, top: withTop });
+  }
+
+  /** Submits the held decode submission and books its steps. */
+  #submitHeld(): void {
+    const sub = this.#held!;
+    this.#held = undefined;
+    for (const s of sub.o.slots) if (s) s.stepsSubmitted += sub.o.steps;
+    this.#nextK = Math.min(this.opts.maxSteps, this.#nextK * 2);
+    this.#commit(sub);
+  }
+
+  /** Drops the held submission (the batch it was encoded for changed). */
+  #dropHeld(): void {
+    this.#held?.discard();
+    this.#held = undefined;
   }
 
   #nextRegion(): number {
     return (this.#region = (this.#region + 1) % REGIONS);
   }
 
-  #submit(dispatches: Iterable<Dispatch>, o: SubmissionOptions): void {
-    const sub = new Submission(this.decoder, dispatches, o);
+  #encode(dispatches: Iterable<Dispatch>, o: SubmissionOptions): Submission {
+    return new Submission(this.decoder, dispatches, o);
+  }
+
+  /** Submits `sub` and queues it for readback. */
+  #commit(sub: Submission): void {
+    sub.submit();
     this.#host.submissions++;
-    this.#host.steps += o.steps;
+    this.#host.steps += sub.o.steps;
     this.#host.ms += sub.hostMs;
     this.#inflight.push(sub);
   }

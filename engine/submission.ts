@@ -20,6 +20,8 @@ export interface SubmissionOptions {
   slots: (Sequence | undefined)[];
   /** Also read back the top-k alternatives (top_logprobs). */
   top: boolean;
+  /** A prefill chunk (default: decode steps). */
+  prefill?: boolean;
 }
 
 /** A token as read back: which sequence, its id, logprob and alternatives. */
@@ -30,14 +32,26 @@ export type TakeToken = (
   alts?: { id: number; logprob: number }[],
 ) => void;
 
-/** Encodes, submits and later reads back one command buffer. */
+/**
+ * Encodes one command buffer, submits it when told to, and later reads back what it produced.
+ *
+ * Encoding and submitting are separate steps, and the readback is only requested on demand,
+ * because of how Deno 2.9.6 maps buffers: `mapAsync` polls the device with `Maintain::wait`
+ * inside the call, which blocks the calling thread until every submitted command buffer has
+ * finished, and its promise resolves ≥ 10 ms later (a sleep between polls). Measured on the
+ * H200 (scripts/probe_map.ts): `mapAsync()` returned after 31 ms behind a 31 ms job, its promise
+ * 11 ms after that. So requesting a readback right after submitting (as this class once did)
+ * left the GPU idle while the host encoded the next submission; the engine now encodes the
+ * next one first, requests the readbacks, and submits it the moment the wait returns.
+ */
 export class Submission {
-  /** Resolves when the readback buffers are mapped. */
-  readonly done: Promise<void>;
-  /** Host time spent encoding and submitting this command buffer (ms). */
-  readonly hostMs: number;
+  /** Host time spent encoding and (once submitted) submitting this command buffer (ms). */
+  hostMs: number;
   readonly #staging: GPUBuffer;
   readonly #top?: GPUBuffer;
+  #cb?: GPUCommandBuffer;
+  #errors: Promise<GPUError | null>[] = [];
+  #done?: Promise<void>;
 
   constructor(
     readonly decoder: Decoder,
@@ -66,18 +80,62 @@ export class Submission {
       const from = o.region * d.opts.maxSteps * stride;
       enc.copyBufferToBuffer(d.topRing, from, this.#top, 0, o.steps * stride);
     }
-    dev.queue.submit([enc.finish()]);
-    const oom = dev.popErrorScope(), invalid = dev.popErrorScope();
+    this.#cb = enc.finish();
+    this.#scoped();
     this.hostMs = performance.now() - t0;
-    this.done = Promise.all([
-      invalid,
-      oom,
+  }
+
+  /** Pops the two error scopes pushed before a GPU call, keeping their results. */
+  #scoped(): void {
+    const dev = this.decoder.gpu.device;
+    const oom = dev.popErrorScope(), invalid = dev.popErrorScope();
+    this.#errors.push(invalid, oom);
+  }
+
+  /** Whether {@linkcode submit} has run. */
+  get submitted(): boolean {
+    return this.#cb === undefined;
+  }
+
+  /** Submits the encoded command buffer (once). */
+  submit(): void {
+    if (!this.#cb) throw new Error("internal error: a submission was submitted twice");
+    const dev = this.decoder.gpu.device;
+    const t0 = performance.now();
+    dev.pushErrorScope("validation");
+    dev.pushErrorScope("out-of-memory");
+    dev.queue.submit([this.#cb]);
+    this.#cb = undefined;
+    this.#scoped();
+    this.hostMs += performance.now() - t0;
+  }
+
+  /** Drops a submission that was never submitted (its command buffer is never run). */
+  discard(): void {
+    if (!this.#cb) throw new Error("internal error: a submitted submission was discarded");
+    this.#cb = undefined;
+    this.#staging.destroy();
+    this.#top?.destroy();
+  }
+
+  /**
+   * Resolves when the readback buffers are mapped; rejects with the GPU's message when it
+   * rejected the submission. The first access requests the mapping, which blocks the calling
+   * thread until the GPU has finished all submitted work (see the class doc).
+   *
+   * @throws Error ("internal error") when read before {@linkcode submit}.
+   */
+  get done(): Promise<void> {
+    if (this.#cb) throw new Error("internal error: a submission was read before it was submitted");
+    this.#done ??= Promise.all([
+      ...this.#errors,
       this.#staging.mapAsync(GPUMapMode.READ),
       this.#top?.mapAsync(GPUMapMode.READ),
-    ]).then(([a, b]) => {
-      const e = a ?? b;
+    ]).then((r) => {
+      const e = r.slice(0, this.#errors.length).find((x) => x) as GPUError | undefined;
       if (e) throw new Error(`internal error: the GPU rejected a submission: ${e.message}`);
     });
+    return this.#done;
   }
 
   /**

@@ -31,6 +31,9 @@ Deno.test("submission: a GPU validation error rejects `done` with the GPU's mess
       slots: [undefined, undefined],
       top: false,
     });
+    assert.throws(() => sub.done, /read before it was submitted/);
+    sub.submit();
+    assert.throws(() => sub.submit(), /submitted twice/);
     await assert.rejects(sub.done, /internal error: the GPU rejected a submission/);
     // The engine still serves.
     const gen = engine.generate({ promptIds: [1, 2, 3], sampling: sampling({ maxTokens: 4 }) });

@@ -1,30 +1,73 @@
 /**
- * Causal prefill attention over the paged KV cache (tiled, online softmax). See
- * kernels/attention.wgsl. Also exports the tile geometry that attention_decode shares.
+ * Causal prefill attention over the paged KV cache: FlashAttention-2's loop with 4x4
+ * register-blocked scores and outputs. See kernels/attention.wgsl for the kernel and why it
+ * looks this way; this file picks the tile (rows per workgroup, keys per tile, threads) and
+ * builds the dispatch.
+ *
+ * The default tiles were compared on an H200 (see `WIDE_ROWS`); compare others by forcing
+ * `tileRows` / `tileKeys` in {@linkcode attentionDispatch}, e.g. with
+ * scripts/sweep_prefill_attention.ts.
  */
-import type { Gpu } from "../engine/gpu.ts";
+import { type Gpu, isCpuAdapter } from "../engine/gpu.ts";
 import { bindGroup, type Dispatch, params, pipeline, uniform } from "./dispatch.ts";
 
 const BLOCK = 16;
-/** Threads per workgroup. */
-const WG = 128;
-/** Most threads that share one score (more only shortens dot products already short). */
-const MAX_PARTS = 8;
-/** Workgroup memory budget where shaders compile slowly (see {@linkcode attentionTile}). */
-const SLOW_COMPILE_BYTES = 2560;
-/** Largest head dim: a 16-key tile is then 32 floats per thread (`NT_MAX` in the WGSL). */
+/** Most threads per workgroup (WebGPU's default `maxComputeInvocationsPerWorkgroup`). */
+const MAX_THREADS = 256;
+/** K (and V) vec4 a thread prefetches per tile (`NT_MAX` in the WGSL). */
+const NT_MAX = 8;
+/** 4x4 accumulator blocks per thread (`NDG_MAX` in the WGSL). */
+const NDG_MAX = 4;
+/** Keys per tile the kernel handles: a tile lies in one 16-key cache block or is made of them. */
+const TILE_KEYS = [4, 8, 16, 32, 64];
+/**
+ * (rows, keys) tiles, best first; the first that fits the workgroup memory budget wins. Rows are
+ * capped at the rows there are. The threads in flight are one per 4 rows and 4 keys of a tile,
+ * whatever the rows per workgroup, and a 256-token chunk of TinyLlama has only 8192 rows: 64 keys
+ * give 16 threads per row group, twice what 32 keys give. 32 rows make 256 workgroups of 128
+ * threads at 256 tokens (about 2 per H200 SM) and waste little on the diagonal (4 tokens per
+ * workgroup at GQA 8). Long chunks put 64 × 32 first (see `WIDE_ROWS`).
+ */
+const PREFERRED: [number, number][] = [
+  [32, 64],
+  [32, 32],
+  [16, 32],
+  [16, 16],
+  [8, 16],
+  [8, 8],
+  [4, 8],
+  [4, 4],
+];
+/**
+ * Rows (tokens × group) from which 64 × 32 tiles come first: they fill an H200 from 32 row
+ * tiles per kv head (128 workgroups at 4 kv heads) and stage each K/V tile for twice the rows.
+ * H200, TinyLlama heads, 256 tokens (scripts/sweep_prefill_attention.ts, µs per layer at pos0
+ * 0 / 256): 64 × 32 37.1 / 67.3, 32 × 64 37.9 / 75.0, 32 × 32 44.3 / 82.9, 16 × 64 55.9 / 129.
+ */
+const WIDE_ROWS = 2048;
+/**
+ * Workgroup memory budget where shaders compile slowly (see {@linkcode attentionTile}): 280 vec4,
+ * about 2 s of compile time on Mesa llvmpipe through GL (measured here: 0.9 s at 144 vec4, 1.8 s at
+ * 272, 5.9 s at 528, 19 s at 1040).
+ */
+const SLOW_COMPILE_BYTES = 4608;
+/**
+ * K (and V) vec4 a thread prefetches per tile where shaders compile slowly: the unrolled loads
+ * are much of the code, and Mesa's GL compile time grows with it (2.4 s at 8, 0.8 s at 2 for a
+ * 4 x 4 tile of head dim 64); more threads load instead.
+ */
+const SLOW_COMPILE_NT = 2;
+/** Largest head dim. */
 const MAX_HEAD_DIM = 256;
 
-/** Workgroup shape of the attention kernels for one head dim. */
+/** Workgroup shape of the prefill attention kernel for one head dim. */
 export interface AttentionTile {
   /** Threads per workgroup. */
   wg: number;
-  /** Query rows per workgroup. */
+  /** Query rows per workgroup (a multiple of 4). */
   rows: number;
-  /** Keys per KV tile: 16 (a whole cache block) unless workgroup memory is tight. */
+  /** Keys per KV tile: 4, 8, 16, 32 or 64. */
   keys: number;
-  /** Threads that share one score when `rows · keys < wg`. */
-  parts: number;
   /** Workgroup memory the tile uses, in bytes. */
   bytes: number;
 }
@@ -32,47 +75,82 @@ export interface AttentionTile {
 /** Options for {@linkcode attentionTile}. */
 export interface AttentionTileOptions {
   headDim: number;
-  /** Rows worth having (more would be padding); the tile takes at most this many. */
+  /** Rows worth having (more would be padding); the tile takes at most this many, rounded to 4. */
   wantRows: number;
   /** Upper bound on rows (default 64). */
   maxRows?: number;
   /** Workgroup memory to stay within (default: see {@linkcode attentionTile}). */
   maxBytes?: number;
+  /** Forces the rows per workgroup (a multiple of 4; still capped by `wantRows`). */
+  rows?: number;
+  /** Forces the keys per tile (4, 8, 16, 32 or 64). */
+  keys?: number;
+  /**
+   * K (and V) vec4 a thread may prefetch per tile, 1 to 8 (default 8; 2 on Mesa llvmpipe through
+   * GL, where more unrolled loads compile slowly).
+   */
+  maxPrefetch?: number;
 }
 
 /**
- * Picks the tile: whole 16-key blocks and as many rows as fit, fewer keys per tile only when
- * even one row does not fit. Workgroup memory: q `rows · (headDim + 1)` and the accumulator
- * `rows · headDim` floats, the K-then-V tile `headDim · (keys + 1)`, scores `rows · keys · parts`,
- * `rows + 1` scalars. The budget is the device's workgroup memory (headDim 128: 16 rows in 32 KiB,
- * 32 rows in the H200's 48 KiB; headDim 64: 32 and 64 rows), except on Mesa llvmpipe through
- * GL (a CPU adapter without shader-f16), where it is 2.5 KiB: naga zero-initialises workgroup
- * memory there with one store per element, and Mesa's compile time grows with the square of that
- * count (6 s at 4 KiB, minutes at 16 KiB).
+ * Picks the tile: the first of the preferred (rows, keys) shapes that fits the budget, with the
+ * threads the shape needs: at least one per 4x4 block of scores, and enough that each holds at
+ * most 4 4x4 accumulator blocks and `maxPrefetch` vec4 of each of K and V (registers, not local
+ * memory). Workgroup memory, in vec4: q `rows · (D4 + 1)`, the K-then-V tile `keys · (D4 + 1)`
+ * (D4 = ceil(headDim / 4)), P `rows / 4 · (keys + 1)`, partial maxima
+ * `rows / 4 · (keys / 4 + 1)`, `rows / 4` rescales, and a few block ids. The budget is the
+ * device's workgroup memory (headDim 64: 32 x 64 in 36 KiB of the H200's 48 KiB, 32 x 32 in
+ * 22 KiB of llvmpipe's 32 KiB), except on Mesa llvmpipe through GL (a CPU adapter without
+ * shader-f16), where it is 4.5 KiB (4 x 8 at headDim 64, 4 x 4 at 128, none at 256): naga
+ * zero-initialises workgroup memory there with one constructor term per array element, and
+ * Mesa's compile time grows with about the square of that count (a vec4 element costs little
+ * more than an f32 one, so the kernel keeps its workgroup arrays in vec4).
  *
- * @throws Error ("internal error") when not even one row and one key fit (headDim too large).
+ * @throws Error ("internal error") when no tile fits (head dim too large for the budget), or
+ *   when the forced `rows` / `keys` are not ones the kernel handles.
  */
 export function attentionTile(gpu: Gpu, opts: AttentionTileOptions): AttentionTile {
   const D = opts.headDim;
   const budget = opts.maxBytes ?? (slowCompile(gpu) ? SLOW_COMPILE_BYTES : gpu.maxWorkgroupStorage);
-  const most = Math.max(1, Math.min(opts.wantRows, opts.maxRows ?? 64, WG));
-  for (let keys = BLOCK; keys >= 1 && D <= MAX_HEAD_DIM; keys >>= 1) {
-    for (let rows = most; rows >= 1; rows = rows > 8 ? rows >> 1 : rows - 1) {
-      let parts = Math.min(MAX_PARTS, Math.max(1, Math.floor(WG / (rows * keys))));
-      while (D % parts !== 0) parts >>= 1;
-      const floats = rows * (D + 1) + rows * D + D * (keys + 1) + rows * keys * parts + rows + 1;
-      if (4 * floats <= budget) return { wg: WG, rows, keys, parts, bytes: 4 * floats };
-    }
+  if (opts.rows !== undefined && !(Number.isInteger(opts.rows / 4) && opts.rows >= 4)) {
+    throw new Error(`internal error: attention tileRows must be a multiple of 4; got ${opts.rows}`);
+  }
+  if (opts.keys !== undefined && !TILE_KEYS.includes(opts.keys)) {
+    throw new Error(
+      `internal error: attention tileKeys must be one of ${TILE_KEYS.join(", ")}; got ${opts.keys}`,
+    );
+  }
+  const cap = Math.max(4, Math.min(4 * Math.ceil(opts.wantRows / 4), opts.maxRows ?? 64));
+  const prefetch = opts.maxPrefetch ?? (slowCompile(gpu) ? SLOW_COMPILE_NT : NT_MAX);
+  const ntMax = Math.max(1, Math.min(NT_MAX, Math.floor(prefetch)));
+  const order: [number, number][] = opts.wantRows >= WIDE_ROWS
+    ? [[64, 32], ...PREFERRED]
+    : PREFERRED;
+  for (const [r, k] of order) {
+    const t = tileShape(D, Math.min(opts.rows ?? r, cap), opts.keys ?? k, ntMax);
+    if (D <= MAX_HEAD_DIM && t.wg <= MAX_THREADS && t.bytes <= budget) return t;
   }
   throw new Error(
     `internal error: attention head dim ${D} needs more than ${budget} bytes of workgroup ` +
-      `memory or is over ${MAX_HEAD_DIM}`,
+      `memory or is over ${MAX_HEAD_DIM}` +
+      (opts.rows || opts.keys ? ` (tile ${opts.rows ?? "?"} rows x ${opts.keys ?? "?"} keys)` : ""),
   );
+}
+
+/** Threads and workgroup memory of a `rows x keys` tile (see the WGSL's override constants). */
+function tileShape(D: number, rows: number, keys: number, ntMax: number): AttentionTile {
+  const d4 = Math.ceil(D / 4), tr = rows / 4, tc = keys / 4;
+  // Threads per row group: one per key group (scores), enough that each holds at most NDG_MAX
+  // accumulator blocks and ntMax vec4 of each of K and V.
+  const dgt = Math.max(tc, Math.ceil(d4 / NDG_MAX), Math.ceil((keys * d4) / (ntMax * tr)));
+  const vec4s = (rows + keys) * (d4 + 1) + tr * (keys + 1) + tr * (tc + 1) + tr;
+  const bpc = Math.max(1, keys / BLOCK);
+  return { wg: tr * dgt, rows, keys, bytes: 16 * vec4s + 4 * 2 * bpc };
 }
 
 /** Mesa llvmpipe through GL: the one CPU adapter without shader-f16 (lavapipe has it). */
 function slowCompile(gpu: Gpu): boolean {
-  return !gpu.hasF16 && /llvmpipe|lavapipe|swiftshader/i.test(gpu.adapterName);
+  return !gpu.hasF16 && isCpuAdapter(gpu);
 }
 
 /** Buffers of {@linkcode attentionDispatch}. */
@@ -108,6 +186,10 @@ export interface AttentionOptions {
   tokenOffset?: number;
   /** Cap on workgroup memory in bytes (default: see {@linkcode attentionTile}); for tests. */
   maxTileBytes?: number;
+  /** Query rows per workgroup, a multiple of 4 (default: see {@linkcode attentionTile}). */
+  tileRows?: number;
+  /** Keys per tile: 4, 8, 16, 32 or 64 (default: see {@linkcode attentionTile}). */
+  tileKeys?: number;
 }
 
 /**
@@ -145,6 +227,8 @@ export function attentionDispatch(
     headDim: D,
     wantRows: tokens * group,
     maxBytes: opts.maxTileBytes,
+    rows: opts.tileRows,
+    keys: opts.tileKeys,
   });
   const rowTiles = Math.ceil((tokens * group) / tile.rows);
   if (rowTiles > 65535) {
@@ -155,7 +239,7 @@ export function attentionDispatch(
   }
   const scale = opts.scale ?? 1 / Math.sqrt(D);
   const pipe = pipeline(gpu, "attention.wgsl", {
-    constants: { WG: tile.wg, HD: D, ROWS: tile.rows, KEYS: tile.keys, PARTS: tile.parts },
+    constants: { WG: tile.wg, HD: D, BR: tile.rows, BC: tile.keys },
   });
   const u = uniform(
     gpu,
@@ -176,7 +260,7 @@ export function attentionDispatch(
   const b = buffers;
   return {
     label: `attention T${tokens} pos0 ${pos0} ${nHeads}/${nKvHeads}x${D} L${layer} ` +
-      `tile ${tile.rows}x${tile.keys}`,
+      `tile ${tile.rows}x${tile.keys}/${tile.wg}`,
     pipeline: pipe,
     bindGroup: bindGroup(gpu, pipe, [u, b.q, b.kPool, b.vPool, b.blockTable, b.out]),
     workgroups: [rowTiles, nKvHeads, 1],

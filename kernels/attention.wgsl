@@ -1,37 +1,77 @@
-// Causal prefill attention of one sequence over the paged KV cache, FlashAttention-style.
+// Causal prefill attention of one sequence over the paged KV cache: FlashAttention-2's loop
+// (a workgroup owns a tile of query rows and streams key tiles through an online softmax), with
+// register-blocked products in place of tensor cores, since our targets have no subgroups and
+// f16 is optional.
+//
+// Why this shape: the previous kernel (16-key tiles, one thread per row running the softmax
+// serially, a 64-long dot product per score thread) took ~730 us per layer on an H200 for a
+// 256-token chunk with TinyLlama's heads, for ~0.8 GFLOP: it was bound by its serial steps. Here
+// every step is a wide 4x4 register block or a short reduction: 37 us per layer at pos0 0 and
+// 67 us at pos0 256 with 64 x 32 tiles (scripts/sweep_prefill_attention.ts). The loops over the
+// head dim and the keys take four steps per trip and the reductions over key groups are written
+// out: a loop trip costs ~30 ns on the H200 whatever its body (with one step per trip the kernel
+// took 44 / 89 us at 32 x 64).
 //
 // Rows: the T queries of the sequence times the G = n_heads / n_kv_heads q heads that share a kv
-// head (GQA), row = t * G + g. A workgroup takes ROWS consecutive rows of one kv head (grid:
-// x = row tile, y = kv head), so every K/V tile it loads serves all of them. Query t sits at
-// position pos0 + t and sees keys 0 ..= pos0 + t (keys before pos0 are cached from earlier steps).
+// head (GQA), row = t * G + g. A workgroup takes BR consecutive rows of one kv head (grid:
+// x = row tile, the last rows, which see the most keys, first; y = kv head), so every K/V tile
+// it loads serves all of them. Query t sits at position pos0 + t and sees keys 0 ..= pos0 + t
+// (keys before pos0 are cached from earlier steps). The workgroup walks tiles of BC keys up to
+// its last row's position: tiles wholly above the causal diagonal are never visited, and only
+// tiles that cross it (or the sequence end) are masked.
 //
-// Per KV tile of KEYS keys (16 = one cache block on GPUs; part of a block where workgroup
-// memory is kept small), found through the block table:
-//   K (already in registers) -> workgroup memory, transposed          (keys past the end: zeros)
-//   scores S[r, j] = q_r . k_j, split over PARTS threads when ROWS * KEYS < WG
-//   V (registers) -> workgroup memory, and the next tile's K and V are fetched into registers,
-//     so their latency hides behind the softmax and P V of this tile
-//   one thread per row: online softmax in f32 (base 2: q is pre-scaled by scale * log2 e)
-//   acc[r, :] = acc[r, :] * alpha[r] + P[r, :] V
-// No subgroups on our targets, so sharing goes through workgroup memory and barriers. Loops that
-// load have constant trip counts so the compiler can unroll them and keep loads in flight.
+// Threads: BR / 4 = TR row groups; row group rg owns rows rg, rg + TR, rg + 2 TR, rg + 3 TR (so
+// the rows a warp reads together fall in different banks). Per key tile:
+//   K tile (already in registers) -> kv [j][d4] in workgroup memory                   barrier
+//   S   TR x TC threads (TC = BC / 4), one per (row group, key group tc): the 4x4 block of
+//       S = Q K^T for its rows and keys tc, tc + TC, tc + 2 TC, tc + 3 TC, from vec4 reads of qs
+//       and kv (8 vec4 loads per 64 multiply-adds), held in registers; masked on diagonal
+//       tiles; partial row maxima -> red. Meanwhile the next K tile loads into registers.  barrier
+//   softmax: the S threads take their rows' maxima from red, rescale (alpha; base 2, q is
+//       pre-scaled by scale * log2 e), write P [rg][j] (a vec4 over the 4 rows) and alpha;
+//       each keeps its share of the running row sums (the shares are added once at the end).
+//       All threads put the V tile (registers) over K in kv, and load the next V tile.    barrier
+//   PV  thread (rg, dg) owns rows rg + i TR and dim groups dg + n DGT (n < NDG): O += P V as
+//       4x4 outer products, keys in fours (1 + NDG vec4 loads per key, 16 NDG multiply-adds).
+//                                                                                      barrier
+// Per-thread state lives in named variables, never in arrays: the S block, the softmax state and
+// the O accumulators are vec4s and 4x4 matrices, the K/V prefetch a struct of NT_MAX vec4 filled
+// under `if (NT > n)` guards. naga adds a termination guard to every loop, so a driver may not
+// unroll them, and an array indexed by a loop counter would then live in local memory (~10x
+// slower on an H200; see attention_decode.wgsl). Helpers take and return values, never
+// pointers (Mesa GL once gave NaNs for pointer arguments). The physical blocks of a tile are
+// looked up two tiles ahead into workgroup memory, so the block-table load is off the critical
+// path of the K/V loads.
+//
+// Keys at or past the sequence end (stale or NaN in the cache) are never loaded: their K and V
+// are zeros and their scores are masked (they lie past every row's position) before the max, so
+// exp2 gives exact zeros. Every real and padding row sees key 0, so its running max is finite
+// from the first tile on and l >= 1 at the end. Q, K, V and out are read and written as f32
+// scalars (any head dim; a key row of the pools need not be 16-byte aligned), assembled into
+// vec4 in workgroup memory, zero-padded past HD. The wrapper picks small tiles, and more threads
+// per tile, on Mesa llvmpipe through GL, where compile time grows steeply with workgroup memory
+// and code size; it is the same code.
 
-override WG: u32 = 128u; // threads, >= ROWS
 override HD: u32 = 64u; // head_dim
-override ROWS: u32 = 16u; // rows per workgroup
-override KEYS: u32 = 16u; // keys per tile: 16, 8, 4, 2 or 1 (a tile never straddles blocks)
-override PARTS: u32 = 1u; // threads per score, divides HD, <= WG / (ROWS * KEYS)
+override BR: u32 = 32u; // rows per workgroup, a multiple of 4
+override BC: u32 = 64u; // keys per tile: 4, 8, 16, 32 or 64 (divides or is made of 16-key blocks)
+override WG: u32 = 128u; // threads: TR * DGT, >= TR * TC, with NT <= NT_MAX and NDG <= NDG_MAX
 
 const BLOCK: u32 = 16u; // tokens per KV block
-const NEG: f32 = -1e30; // "no key yet": finite, so exp2(NEG - m) is 0 and never NaN
-const NT_MAX: u32 = 32u; // tile elements per thread, at most (KEYS * HD <= 32 * WG)
+const NEG: f32 = -1e30; // "no key": finite, so exp2(NEG - m) is 0 and never NaN
+const NT_MAX: u32 = 8u; // K (and V) vec4 a thread prefetches per tile, at most (Share)
+const NDG_MAX: u32 = 4u; // dim groups (4x4 accumulator blocks) per thread, at most
 
-override QS: u32 = HD + 1u; // q row stride: rows read together fall in different banks
-override KS: u32 = KEYS + 1u; // transposed K row stride, likewise
-override SPAN: u32 = HD / PARTS; // dims per score thread
-override NQ: u32 = (ROWS * HD + WG - 1u) / WG; // q / acc elements per thread
-override NS: u32 = (ROWS * KEYS * PARTS + WG - 1u) / WG; // score items per thread
-override NT: u32 = (KEYS * HD + WG - 1u) / WG; // K (and V) tile elements per thread
+override D4: u32 = (HD + 3u) / 4u; // vec4 per row
+override KS: u32 = D4 + 1u; // row stride of qs and kv (vec4): rows read together in other banks
+override TR: u32 = BR / 4u; // row groups
+override TC: u32 = BC / 4u; // key groups of the S phase
+override DGT: u32 = WG / TR; // threads per row group in the PV phase
+override NDG: u32 = (D4 + DGT - 1u) / DGT; // dim groups per PV thread
+override NT: u32 = (BC * D4 + WG - 1u) / WG; // K (and V) items per thread and tile
+override PS: u32 = BC + 1u; // row-group stride of pt
+override RS: u32 = TC + 1u; // row-group stride of red
+override BPC: u32 = max(1u, BC / BLOCK); // cache blocks per tile
 
 struct Params {
   tokens: u32,
@@ -48,22 +88,31 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k_pool: array<f32>;
+@group(0) @binding(1) var<storage, read> q: array<f32>; // [row0 + T, Hq, HD]
+@group(0) @binding(2) var<storage, read> k_pool: array<f32>; // [blocks, L, Hkv, 16, HD]
 @group(0) @binding(3) var<storage, read> v_pool: array<f32>;
-@group(0) @binding(4) var<storage, read> block_table: array<u32>;
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> block_table: array<u32>; // [S, max_blocks]
+@group(0) @binding(5) var<storage, read_write> out: array<f32>; // [row0 + T, Hq, HD]
 
-var<workgroup> qs: array<f32, ROWS * QS>; // [r][d], pre-scaled
-// The K tile transposed [d][j] (score threads read consecutive j), then the V tile [j][d].
-var<workgroup> kv: array<f32, HD * KS>;
-var<workgroup> sp: array<f32, ROWS * KEYS * PARTS>; // score partials [part][r][j], then P [r][j]
-var<workgroup> acc: array<f32, ROWS * HD>; // unnormalised output [r][d]
-var<workgroup> alpha: array<f32, ROWS>; // per-row rescale of acc for this tile, then 1 / l
+var<workgroup> qs: array<vec4<f32>, BR * KS>; // [r][d4] q, pre-scaled; zeros past the rows
+var<workgroup> kv: array<vec4<f32>, BC * KS>; // [j][d4] the K tile, then the V tile
+var<workgroup> pt: array<vec4<f32>, TR * PS>; // [rg][j] P of rows rg + i TR (component i)
+var<workgroup> red: array<vec4<f32>, TR * RS>; // [rg][tc] partial row maxima; at the end sums
+var<workgroup> alpha: array<vec4<f32>, TR>; // [rg] this tile's rescale of the accumulators
+var<workgroup> blocks: array<u32, 2u * BPC>; // physical blocks of two tiles, by tile parity
 
-// This thread's share of the K and V tile in flight: element lid + i * WG of [j][d].
-var<private> k_reg: array<f32, NT_MAX>;
-var<private> v_reg: array<f32, NT_MAX>;
+// A thread's share of a K or V tile: items lid + i * WG (i < NT) of [j][d4], in named
+// fields rather than an array (see the header).
+struct Share {
+  x0: vec4<f32>,
+  x1: vec4<f32>,
+  x2: vec4<f32>,
+  x3: vec4<f32>,
+  x4: vec4<f32>,
+  x5: vec4<f32>,
+  x6: vec4<f32>,
+  x7: vec4<f32>,
+}
 
 // Element offset of q / out for row `row` (of all T * G) under kv head `kvh`.
 fn row_offset(row: u32, kvh: u32) -> u32 {
@@ -72,141 +121,424 @@ fn row_offset(row: u32, kvh: u32) -> u32 {
   return ((p.row0 + t) * p.n_heads + h) * HD;
 }
 
-// Fetches keys [key0, key0 + KEYS) of kv head `kvh` into k_reg / v_reg; keys at or past `limit`
-// (possibly unwritten: stale or NaN) become zeros, so 0 * V stays 0.
-fn fetch(key0: u32, limit: u32, kvh: u32, lid: u32) {
-  var valid = 0u;
-  var base = 0u;
-  if (key0 < limit) {
-    valid = min(KEYS, limit - key0);
-    let b = block_table[p.slot * p.max_blocks + key0 / BLOCK];
-    let head = (b * p.n_layers + p.layer) * p.n_kv_heads + kvh;
-    base = (head * BLOCK + key0 % BLOCK) * HD;
-  }
-  for (var i = 0u; i < NT; i++) {
-    let e = lid + i * WG;
-    var kx = 0.0;
-    var vx = 0.0;
-    if (e < KEYS * HD && e / HD < valid) {
-      kx = k_pool[base + e];
-      vx = v_pool[base + e];
+// Looks up the blocks of tile `tile` into blocks[tile & 1] (threads lid < BPC); 0 past `limit`,
+// where the table row may end.
+fn stage(tile: u32, limit: u32, lid: u32) {
+  if (lid < BPC) {
+    let key = tile * BC + lid * BLOCK;
+    var b = 0u;
+    if (key < limit) {
+      b = block_table[p.slot * p.max_blocks + key / BLOCK];
     }
-    k_reg[i] = kx;
-    v_reg[i] = vx;
+    blocks[(tile & 1u) * BPC + lid] = b;
   }
 }
 
+// One element of the K (or V) pool, or 0 when `ok` is false.
+fn pool_at(is_v: bool, i: u32, ok: bool) -> f32 {
+  if (!ok) {
+    return 0.0;
+  }
+  if (is_v) {
+    return v_pool[i];
+  }
+  return k_pool[i];
+}
+
+// Item e (key e / D4, dims 4 (e % D4) ..) of the K or V tile at key0 of kv head kvh: zeros
+// past the tile, at or past `limit`, and past HD.
+fn pool_item(is_v: bool, e: u32, key0: u32, limit: u32, kvh: u32) -> vec4<f32> {
+  let j = e / D4;
+  let d = (e % D4) * 4u;
+  if (j >= BC || key0 + j >= limit) {
+    return vec4<f32>(0.0);
+  }
+  let b = blocks[((key0 / BC) & 1u) * BPC + (key0 % BLOCK + j) / BLOCK];
+  let head = (b * p.n_layers + p.layer) * p.n_kv_heads + kvh;
+  let i = (head * BLOCK + (key0 + j) % BLOCK) * HD + d;
+  let full = HD % 4u == 0u; // a constant once HD is: no per-element test
+  return vec4<f32>(
+    pool_at(is_v, i, true),
+    pool_at(is_v, i + 1u, full || d + 1u < HD),
+    pool_at(is_v, i + 2u, full || d + 2u < HD),
+    pool_at(is_v, i + 3u, full || d + 3u < HD),
+  );
+}
+
+// This thread's share of the K (or V) tile at key0.
+fn fetch(is_v: bool, key0: u32, limit: u32, kvh: u32, lid: u32) -> Share {
+  var r: Share;
+  r.x0 = pool_item(is_v, lid, key0, limit, kvh);
+  if (NT > 1u) {
+    r.x1 = pool_item(is_v, lid + WG, key0, limit, kvh);
+  }
+  if (NT > 2u) {
+    r.x2 = pool_item(is_v, lid + 2u * WG, key0, limit, kvh);
+  }
+  if (NT > 3u) {
+    r.x3 = pool_item(is_v, lid + 3u * WG, key0, limit, kvh);
+  }
+  if (NT > 4u) {
+    r.x4 = pool_item(is_v, lid + 4u * WG, key0, limit, kvh);
+  }
+  if (NT > 5u) {
+    r.x5 = pool_item(is_v, lid + 5u * WG, key0, limit, kvh);
+  }
+  if (NT > 6u) {
+    r.x6 = pool_item(is_v, lid + 6u * WG, key0, limit, kvh);
+  }
+  if (NT > 7u) {
+    r.x7 = pool_item(is_v, lid + 7u * WG, key0, limit, kvh);
+  }
+  return r;
+}
+
+// Writes item e of a tile into kv.
+fn put(e: u32, x: vec4<f32>) {
+  if (e < BC * D4) {
+    kv[(e / D4) * KS + e % D4] = x;
+  }
+}
+
+// Writes this thread's share of a tile into kv.
+fn put_share(r: Share, lid: u32) {
+  put(lid, r.x0);
+  if (NT > 1u) {
+    put(lid + WG, r.x1);
+  }
+  if (NT > 2u) {
+    put(lid + 2u * WG, r.x2);
+  }
+  if (NT > 3u) {
+    put(lid + 3u * WG, r.x3);
+  }
+  if (NT > 4u) {
+    put(lid + 4u * WG, r.x4);
+  }
+  if (NT > 5u) {
+    put(lid + 5u * WG, r.x5);
+  }
+  if (NT > 6u) {
+    put(lid + 6u * WG, r.x6);
+  }
+  if (NT > 7u) {
+    put(lid + 7u * WG, r.x7);
+  }
+}
+
+// s + (q . k_c for the 4 keys c): kt holds the keys' 4 dims transposed (column i = dim i of
+// each key), so each step is a vec4 multiply-add.
+fn score4(s: vec4<f32>, kt: mat4x4<f32>, q4: vec4<f32>) -> vec4<f32> {
+  return s + kt[0] * q4.x + kt[1] * q4.y + kt[2] * q4.z + kt[3] * q4.w;
+}
+
+fn max4(v: vec4<f32>) -> f32 {
+  return max(max(v.x, v.y), max(v.z, v.w));
+}
+
+fn sum4(v: vec4<f32>) -> f32 {
+  return (v.x + v.y) + (v.z + v.w);
+}
+
+// Columns of o (one output row each) times a.
+fn rescale(o: mat4x4<f32>, a: vec4<f32>) -> mat4x4<f32> {
+  return mat4x4<f32>(o[0] * a.x, o[1] * a.y, o[2] * a.z, o[3] * a.w);
+}
+
+// o + v p^T: column i (row rg + i TR) gains p_i v.
+fn outer_add(o: mat4x4<f32>, v: vec4<f32>, pr: vec4<f32>) -> mat4x4<f32> {
+  return mat4x4<f32>(o[0] + v * pr.x, o[1] + v * pr.y, o[2] + v * pr.z, o[3] + v * pr.w);
+}
+
+// o plus the terms of keys j .. j + 3 (P columns pr[0..3]) for dim group c of V.
+fn pv4(o: mat4x4<f32>, j: u32, c: u32, pr: mat4x4<f32>) -> mat4x4<f32> {
+  var r = outer_add(o, kv[j * KS + c], pr[0]);
+  r = outer_add(r, kv[(j + 1u) * KS + c], pr[1]);
+  r = outer_add(r, kv[(j + 2u) * KS + c], pr[2]);
+  return outer_add(r, kv[(j + 3u) * KS + c], pr[3]);
+}
+
+// The S block of a thread: rows srg + i TR (s<i>), keys tc + c TC (component c).
+struct Scores {
+  s0: vec4<f32>,
+  s1: vec4<f32>,
+  s2: vec4<f32>,
+  s3: vec4<f32>,
+}
+
+// The S block plus the products of dims 4 d4 .. 4 d4 + 3.
+fn score_step(st: Scores, tc: u32, srg: u32, d4: u32) -> Scores {
+  let kt = transpose(mat4x4<f32>(
+    kv[tc * KS + d4],
+    kv[(tc + TC) * KS + d4],
+    kv[(tc + 2u * TC) * KS + d4],
+    kv[(tc + 3u * TC) * KS + d4],
+  ));
+  return Scores(
+    score4(st.s0, kt, qs[srg * KS + d4]),
+    score4(st.s1, kt, qs[(srg + TR) * KS + d4]),
+    score4(st.s2, kt, qs[(srg + 2u * TR) * KS + d4]),
+    score4(st.s3, kt, qs[(srg + 3u * TR) * KS + d4]),
+  );
+}
+
+// red[rg][t], or `fill` past the TC key groups.
+fn red_or(rg: u32, t: u32, fill: vec4<f32>) -> vec4<f32> {
+  if (t >= TC) {
+    return fill;
+  }
+  return red[rg * RS + t];
+}
+
+// Max over the TC entries of row group rg in red (TC <= 16), written out: a loop trip costs
+// ~30 ns on an H200 whatever its body (scripts/probe_dispatch.ts).
+fn red_max(rg: u32, m: vec4<f32>) -> vec4<f32> {
+  let n = vec4<f32>(NEG);
+  var x = max(max(max(m, red_or(rg, 0u, n)), red_or(rg, 1u, n)),
+    max(red_or(rg, 2u, n), red_or(rg, 3u, n)));
+  if (TC > 4u) {
+    x = max(max(max(x, red_or(rg, 4u, n)), red_or(rg, 5u, n)),
+      max(red_or(rg, 6u, n), red_or(rg, 7u, n)));
+  }
+  if (TC > 8u) {
+    x = max(max(max(x, red_or(rg, 8u, n)), red_or(rg, 9u, n)),
+      max(red_or(rg, 10u, n), red_or(rg, 11u, n)));
+    x = max(max(max(x, red_or(rg, 12u, n)), red_or(rg, 13u, n)),
+      max(red_or(rg, 14u, n), red_or(rg, 15u, n)));
+  }
+  return x;
+}
+
+// Sum over the TC entries of row group rg in red, likewise.
+fn red_sum(rg: u32) -> vec4<f32> {
+  let z = vec4<f32>(0.0);
+  var x = (red_or(rg, 0u, z) + red_or(rg, 1u, z)) + (red_or(rg, 2u, z) + red_or(rg, 3u, z));
+  if (TC > 4u) {
+    x += (red_or(rg, 4u, z) + red_or(rg, 5u, z)) + (red_or(rg, 6u, z) + red_or(rg, 7u, z));
+  }
+  if (TC > 8u) {
+    x += (red_or(rg, 8u, z) + red_or(rg, 9u, z)) + (red_or(rg, 10u, z) + red_or(rg, 11u, z));
+    x += (red_or(rg, 12u, z) + red_or(rg, 13u, z)) + (red_or(rg, 14u, z) + red_or(rg, 15u, z));
+  }
+  return x;
+}
+
+// The O accumulators of a PV thread: dim groups dg + n DGT (o<n>, n < NDG).
+struct Acc {
+  o0: mat4x4<f32>,
+  o1: mat4x4<f32>,
+  o2: mat4x4<f32>,
+  o3: mat4x4<f32>,
+}
+
+// acc plus the terms of keys j .. j + 3 for row group prg, dim groups c (per accumulator).
+fn pv_step(acc: Acc, j: u32, prg: u32, c: vec4<u32>) -> Acc {
+  let pr = mat4x4<f32>(
+    pt[prg * PS + j],
+    pt[prg * PS + j + 1u],
+    pt[prg * PS + j + 2u],
+    pt[prg * PS + j + 3u],
+  );
+  var r = acc;
+  r.o0 = pv4(r.o0, j, c.x, pr);
+  if (NDG > 1u) {
+    r.o1 = pv4(r.o1, j, c.y, pr);
+  }
+  if (NDG > 2u) {
+    r.o2 = pv4(r.o2, j, c.z, pr);
+  }
+  if (NDG > 3u) {
+    r.o3 = pv4(r.o3, j, c.w, pr);
+  }
+  return r;
+}
+
+// Writes dims 4 d4 .. of output row `row` (skipped past the rows or HD).
+fn store(row: u32, d4: u32, x: vec4<f32>, rows_total: u32, kvh: u32) {
+  if (row >= rows_total || d4 >= D4) {
+    return;
+  }
+  let i = row_offset(row, kvh) + d4 * 4u;
+  out[i] = x.x;
+  if (d4 * 4u + 1u < HD) {
+    out[i + 1u] = x.y;
+  }
+  if (d4 * 4u + 2u < HD) {
+    out[i + 2u] = x.z;
+  }
+  if (d4 * 4u + 3u < HD) {
+    out[i + 3u] = x.w;
+  }
+}
+
+// Stores accumulator block o (rows rg + i TR of the tile, dim group d4) divided by the row sums.
+fn store4(o: mat4x4<f32>, inv: vec4<f32>, first: u32, rg: u32, d4: u32, rows_total: u32, kvh: u32) {
+  store(first + rg, d4, o[0] * inv.x, rows_total, kvh);
+  store(first + rg + TR, d4, o[1] * inv.y, rows_total, kvh);
+  store(first + rg + 2u * TR, d4, o[2] * inv.z, rows_total, kvh);
+  store(first + rg + 3u * TR, d4, o[3] * inv.w, rows_total, kvh);
+}
+
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(
+  @builtin(workgroup_id) wid: vec3<u32>,
+  @builtin(num_workgroups) nwg: vec3<u32>,
+  @builtin(local_invocation_index) lid: u32,
+) {
   let rows_total = p.tokens * p.group;
-  let first = wid.x * ROWS;
+  // The last rows see the most keys: start them first, so no long tile ends the dispatch alone.
+  let first = (nwg.x - 1u - wid.x) * BR;
   let kvh = wid.y;
-  let last = min(rows_total, first + ROWS) - 1u;
+  let last = min(rows_total, first + BR) - 1u;
+  let pos_lo = p.pos0 + first / p.group; // position of the first row
   let limit = p.pos0 + last / p.group + 1u; // keys [0, limit) serve some row here
-  let n_tiles = (limit + KEYS - 1u) / KEYS;
+  let n_tiles = (limit + BC - 1u) / BC;
 
-  fetch(0u, limit, kvh, lid);
-  for (var i = 0u; i < NQ; i++) {
-    let e = lid + i * WG;
-    if (e < ROWS * HD) {
-      let row = first + e / HD;
-      var v = 0.0;
-      if (row < rows_total) {
-        v = q[row_offset(row, kvh) + e % HD] * p.scale_log2e;
+  stage(0u, limit, lid);
+  stage(1u, limit, lid);
+  for (var i = lid; i < BR * D4; i += WG) {
+    let r = i / D4;
+    let d = (i % D4) * 4u;
+    var x = vec4<f32>(0.0);
+    if (first + r < rows_total) {
+      let o = row_offset(first + r, kvh) + d;
+      x.x = q[o];
+      if (d + 1u < HD) {
+        x.y = q[o + 1u];
       }
-      qs[(e / HD) * QS + e % HD] = v;
-      acc[e] = 0.0;
-    }
-  }
-
-  // Softmax state of row `lid` (threads lid < ROWS). Padding rows take the last real position.
-  let my_pos = p.pos0 + min(first + lid, last) / p.group;
-  var m = NEG;
-  var l = 0.0;
-
-  for (var tile = 0u; tile < n_tiles; tile++) {
-    let key0 = tile * KEYS;
-    for (var i = 0u; i < NT; i++) {
-      let e = lid + i * WG;
-      if (e < KEYS * HD) {
-        kv[(e % HD) * KS + e / HD] = k_reg[i];
+      if (d + 2u < HD) {
+        x.z = q[o + 2u];
+      }
+      if (d + 3u < HD) {
+        x.w = q[o + 3u];
       }
     }
-    workgroupBarrier();
-
-    for (var i = 0u; i < NS; i++) {
-      let item = lid + i * WG;
-      if (item < ROWS * KEYS * PARTS) {
-        let pair = item % (ROWS * KEYS);
-        let part = item / (ROWS * KEYS);
-        let qo = (pair / KEYS) * QS + part * SPAN;
-        let ko = part * SPAN * KS + pair % KEYS;
-        var s = 0.0;
-        for (var x = 0u; x < SPAN; x++) {
-          s += qs[qo + x] * kv[ko + x * KS];
-        }
-        sp[item] = s;
-      }
-    }
-    workgroupBarrier();
-
-    for (var i = 0u; i < NT; i++) {
-      let e = lid + i * WG;
-      if (e < KEYS * HD) {
-        kv[e] = v_reg[i]; // the scores are done with K
-      }
-    }
-    fetch(key0 + KEYS, limit, kvh, lid);
-
-    // Online softmax, one thread per row; it only touches row `lid` of part 0 of sp.
-    if (lid < ROWS) {
-      var mx = m;
-      for (var j = 0u; j < KEYS; j++) {
-        var v = sp[lid * KEYS + j];
-        for (var part = 1u; part < PARTS; part++) {
-          v += sp[(part * ROWS + lid) * KEYS + j];
-        }
-        v = select(NEG, v, key0 + j <= my_pos); // causal mask
-        sp[lid * KEYS + j] = v;
-        mx = max(mx, v);
-      }
-      let a = exp2(m - mx);
-      l *= a;
-      for (var j = 0u; j < KEYS; j++) {
-        let v = sp[lid * KEYS + j];
-        let pj = select(0.0, exp2(v - mx), v > NEG);
-        l += pj;
-        sp[lid * KEYS + j] = pj;
-      }
-      alpha[lid] = a;
-      m = mx;
-    }
-    workgroupBarrier();
-
-    for (var i = 0u; i < NQ; i++) {
-      let e = lid + i * WG;
-      if (e < ROWS * HD) {
-        let r = e / HD;
-        let d = e % HD;
-        var o = acc[e] * alpha[r];
-        for (var j = 0u; j < KEYS; j++) {
-          o += sp[r * KEYS + j] * kv[j * HD + d];
-        }
-        acc[e] = o;
-      }
-    }
-    workgroupBarrier(); // the next tile overwrites kv, sp and alpha
-  }
-
-  if (lid < ROWS) {
-    alpha[lid] = 1.0 / l; // every real row saw key 0, so l >= 1
+    qs[r * KS + i % D4] = x * p.scale_log2e;
   }
   workgroupBarrier();
-  for (var i = 0u; i < NQ; i++) {
-    let e = lid + i * WG;
-    let row = first + e / HD;
-    if (e < ROWS * HD && row < rows_total) {
-      out[row_offset(row, kvh) + e % HD] = acc[e] * alpha[e / HD];
+  var kr = fetch(false, 0u, limit, kvh, lid); // this tile's K, then the next one's
+  var vr = fetch(true, 0u, limit, kvh, lid);
+
+  // S-phase role: row group srg, key group tc (threads lid < TR * TC).
+  let is_s = lid < TR * TC;
+  let srg = min(lid / TC, TR - 1u);
+  let tc = lid % TC;
+  // Positions of the S thread's rows (padding rows take the last real row's).
+  let pos = vec4<u32>(
+    p.pos0 + min(first + srg, last) / p.group,
+    p.pos0 + min(first + srg + TR, last) / p.group,
+    p.pos0 + min(first + srg + 2u * TR, last) / p.group,
+    p.pos0 + min(first + srg + 3u * TR, last) / p.group,
+  );
+  var m = vec4<f32>(NEG); // running row maxima
+  var l = vec4<f32>(0.0); // this thread's share of the running row sums
+  // PV-phase role: row group prg, dim groups dg + n DGT (past D4: clamped, computed, not stored).
+  let prg = lid / DGT;
+  let dg = lid % DGT;
+  let cs = min(vec4<u32>(dg) + vec4<u32>(0u, DGT, 2u * DGT, 3u * DGT), vec4<u32>(D4 - 1u));
+  var acc = Acc(mat4x4<f32>(), mat4x4<f32>(), mat4x4<f32>(), mat4x4<f32>());
+
+  for (var tile = 0u; tile < n_tiles; tile++) {
+    let key0 = tile * BC;
+    put_share(kr, lid);
+    workgroupBarrier();
+    stage(tile + 2u, limit, lid); // blocks[tile & 1] was last read by this tile's prefetch
+    kr = fetch(false, key0 + BC, limit, kvh, lid);
+
+    var s0 = vec4<f32>(0.0);
+    var s1 = vec4<f32>(0.0);
+    var s2 = vec4<f32>(0.0);
+    var s3 = vec4<f32>(0.0);
+    if (is_s) {
+      // Four vec4 of the head dim per loop trip (a trip costs ~30 ns on an H200).
+      var st = Scores(s0, s1, s2, s3);
+      var d4 = 0u;
+      for (; d4 + 4u <= D4; d4 += 4u) {
+        st = score_step(st, tc, srg, d4);
+        st = score_step(st, tc, srg, d4 + 1u);
+        st = score_step(st, tc, srg, d4 + 2u);
+        st = score_step(st, tc, srg, d4 + 3u);
+      }
+      for (; d4 < D4; d4++) {
+        st = score_step(st, tc, srg, d4);
+      }
+      s0 = st.s0;
+      s1 = st.s1;
+      s2 = st.s2;
+      s3 = st.s3;
+      if (key0 + BC - 1u > pos_lo) { // the tile crosses the diagonal (or the end)
+        let key = vec4<u32>(key0 + tc) + vec4<u32>(0u, TC, 2u * TC, 3u * TC);
+        let neg = vec4<f32>(NEG);
+        s0 = select(neg, s0, key <= vec4<u32>(pos.x));
+        s1 = select(neg, s1, key <= vec4<u32>(pos.y));
+        s2 = select(neg, s2, key <= vec4<u32>(pos.z));
+        s3 = select(neg, s3, key <= vec4<u32>(pos.w));
+      }
+      red[srg * RS + tc] = vec4<f32>(max4(s0), max4(s1), max4(s2), max4(s3));
     }
+    workgroupBarrier();
+
+    put_share(vr, lid); // the scores are done with K
+    vr = fetch(true, key0 + BC, limit, kvh, lid);
+    if (is_s) {
+      let mx = red_max(srg, m);
+      let a = exp2(m - mx);
+      m = mx;
+      let pm = mat4x4<f32>(exp2(s0 - mx.x), exp2(s1 - mx.y), exp2(s2 - mx.z), exp2(s3 - mx.w));
+      l = l * a + vec4<f32>(sum4(pm[0]), sum4(pm[1]), sum4(pm[2]), sum4(pm[3]));
+      let pk = transpose(pm); // column c: key tc + c TC for the 4 rows
+      pt[srg * PS + tc] = pk[0];
+      pt[srg * PS + tc + TC] = pk[1];
+      pt[srg * PS + tc + 2u * TC] = pk[2];
+      pt[srg * PS + tc + 3u * TC] = pk[3];
+      if (tc == 0u) {
+        alpha[srg] = a;
+      }
+    }
+    workgroupBarrier();
+
+    let a = alpha[prg];
+    acc.o0 = rescale(acc.o0, a);
+    if (NDG > 1u) {
+      acc.o1 = rescale(acc.o1, a);
+    }
+    if (NDG > 2u) {
+      acc.o2 = rescale(acc.o2, a);
+    }
+    if (NDG > 3u) {
+      acc.o3 = rescale(acc.o3, a);
+    }
+    // Keys in fours (BC is a multiple of 4), sixteen per loop trip; past limit - key0, p and V
+    // are zeros.
+    let keys = min(BC, (limit - key0 + 3u) & ~3u);
+    for (var j = 0u; j < keys; j += 16u) {
+      acc = pv_step(acc, j, prg, cs);
+      if (j + 4u < keys) {
+        acc = pv_step(acc, j + 4u, prg, cs);
+      }
+      if (j + 8u < keys) {
+        acc = pv_step(acc, j + 8u, prg, cs);
+      }
+      if (j + 12u < keys) {
+        acc = pv_step(acc, j + 12u, prg, cs);
+      }
+    }
+    workgroupBarrier(); // the next tile overwrites kv, red, pt and alpha
+  }
+
+  if (is_s) {
+    red[srg * RS + tc] = l;
+  }
+  workgroupBarrier();
+  let inv = 1.0 / red_sum(prg);
+  store4(acc.o0, inv, first, prg, dg, rows_total, kvh);
+  if (NDG > 1u) {
+    store4(acc.o1, inv, first, prg, dg + DGT, rows_total, kvh);
+  }
+  if (NDG > 2u) {
+    store4(acc.o2, inv, first, prg, dg + 2u * DGT, rows_total, kvh);
+  }
+  if (NDG > 3u) {
+    store4(acc.o3, inv, first, prg, dg + 3u * DGT, rows_total, kvh);
   }
 }

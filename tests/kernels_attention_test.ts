@@ -133,10 +133,14 @@ interface PrefillCase {
   pos0: number;
   scale?: number;
   tokenOffset?: number;
-  /** Forces small tiles (fewer keys per tile than a block), as on GL. */
+  /** Caps workgroup memory: smaller tiles than the adapter's default (as on GL). */
   maxTileBytes?: number;
+  /** Forces the tile (with a `maxTileBytes` that lets it fit everywhere). */
+  tileRows?: number;
+  tileKeys?: number;
 }
 
+const TINY_HEADS = { nHeads: 32, nKvHeads: 4, headDim: 64 }; // TinyLlama's heads: GQA 8
 for (
   const c of [
     { nHeads: 8, nKvHeads: 2, headDim: 64, tokens: 40, pos0: 0 },
@@ -146,12 +150,32 @@ for (
     { nHeads: 3, nKvHeads: 3, headDim: 24, tokens: 1, pos0: 37, scale: 0.3 },
     { nHeads: 3, nKvHeads: 3, headDim: 128, tokens: 19, pos0: 16 },
     { nHeads: 4, nKvHeads: 2, headDim: 64, tokens: 520, pos0: 13 },
+    // GQA 8: odd T, pos0 mid-block; then few queries over many cached keys.
+    { ...TINY_HEADS, tokens: 37, pos0: 29 },
+    { ...TINY_HEADS, tokens: 9, pos0: 200 },
+    // The engine's prefill chunk: 256 tokens after 256 cached.
+    { ...TINY_HEADS, tokens: 256, pos0: 256 },
+    // 2080 rows: a long chunk, so 64 x 32 tiles where they fit (lavapipe at head dim 24), with
+    // a ragged last row tile.
+    { nHeads: 16, nKvHeads: 2, headDim: 24, tokens: 260, pos0: 7 },
+    // GQA 2 at head dim 80 (20 vec4: dim groups that do not divide the threads); MHA at 32.
+    { nHeads: 8, nKvHeads: 4, headDim: 80, tokens: 23, pos0: 50 },
+    { nHeads: 4, nKvHeads: 4, headDim: 32, tokens: 45, pos0: 3 },
+    // Head dim 18: the last vec4 of each row is half padding.
+    { nHeads: 2, nKvHeads: 1, headDim: 18, tokens: 11, pos0: 4 },
+    { nHeads: 8, nKvHeads: 2, headDim: 256, tokens: 5, pos0: 30, maxTileBytes: 9000 },
+    // Forced tiles: 64 keys (four blocks per tile, ragged last tile), 12 rows (3 row groups),
+    // 8 x 8 (two tiles per block).
+    { nHeads: 6, nKvHeads: 2, headDim: 8, tokens: 70, pos0: 9, tileRows: 4, tileKeys: 64 },
+    { nHeads: 4, nKvHeads: 1, headDim: 16, tokens: 33, pos0: 47, tileRows: 12, tileKeys: 16 },
+    { nHeads: 8, nKvHeads: 2, headDim: 64, tokens: 40, pos0: 5, tileRows: 8, tileKeys: 8 },
   ] as PrefillCase[]
 ) {
   const { nHeads, nKvHeads, headDim: D, tokens: T, pos0 } = c;
   const name = `attention prefill ${nHeads}/${nKvHeads}x${D} T=${T} pos0=${pos0}`;
   const extra = (c.tokenOffset ? ` offset ${c.tokenOffset}` : "") +
-    (c.maxTileBytes ? ` tile <= ${c.maxTileBytes} B` : "");
+    (c.maxTileBytes ? ` tile <= ${c.maxTileBytes} B` : "") +
+    (c.tileRows ? ` tile ${c.tileRows}x${c.tileKeys}` : "");
   Deno.test(name + extra, async () => {
     const gpu = await testGpu();
     const r = rng(7 * T + D);
@@ -168,13 +192,22 @@ for (
     // Peaky softmax (|scores| of several units), so the max and rescaling really matter.
     const q = Float32Array.from(r.uniform(rows * nHeads * D, 3));
     const gc = uploadCache(gpu, cache);
-    const out = createStorage(gpu, rows * nHeads * D * 4);
+    // Prefilled with NaN: every output element must be written.
+    const out = createStorage(
+      gpu,
+      rows * nHeads * D * 4,
+      new Float32Array(rows * nHeads * D).fill(NaN),
+    );
     const opts = { tokens: T, slot, pos0, nHeads, nKvHeads, headDim: D, layer, nLayers, maxBlocks };
+    const forced = c.tileRows
+      ? { tileRows: c.tileRows, tileKeys: c.tileKeys, maxTileBytes: 8192 }
+      : {};
     const d = attentionDispatch(gpu, { q: f32(gpu, q), ...gc, out }, {
       ...opts,
       scale: c.scale,
       tokenOffset: c.tokenOffset,
       maxTileBytes: c.maxTileBytes,
+      ...forced,
     });
     await run(gpu, [d]);
     const qPos = Array.from({ length: T }, (_, i) => pos0 + i);
@@ -587,20 +620,50 @@ Deno.test("rope_kv -> prefill attention -> decode attention, end to end", async 
   );
 });
 
-Deno.test("attention tile: whole blocks and many rows on GPUs, small tiles on GL", async () => {
+Deno.test("attention tile: big tiles on GPUs, small ones where GL compiles slowly", async () => {
   const gpu = await testGpu();
-  const tile = (headDim: number, maxBytes: number, wantRows = 1024) => {
-    const t = attentionTile(gpu, { headDim, wantRows, maxBytes });
-    const threadsFit = t.parts === 1 || t.rows * t.keys * t.parts <= t.wg;
-    assert.ok(t.bytes <= maxBytes && threadsFit && t.rows <= t.wg, JSON.stringify(t));
-    return `${t.rows}x${t.keys}`;
+  const tile = (headDim: number, maxBytes: number, maxPrefetch = 8, wantRows = 4096) => {
+    const t = attentionTile(gpu, { headDim, wantRows, maxBytes, maxPrefetch });
+    const [tr, tc, d4] = [t.rows / 4, t.keys / 4, Math.ceil(headDim / 4)];
+    const fits = t.bytes <= maxBytes && t.wg <= 256 && t.wg % tr === 0 && t.wg >= tr * tc &&
+      Math.ceil((t.keys * d4) / t.wg) <= maxPrefetch && Math.ceil(d4 / (t.wg / tr)) <= 4;
+    assert.ok(fits, JSON.stringify(t));
+    return `${t.rows}x${t.keys}/${t.wg}`;
   };
-  // rows x keys for head dims 24, 64, 128 under 32 KiB (llvmpipe), 48 KiB (H200), 2.5 KiB (GL).
-  assert.deepEqual([24, 64, 128].map((d) => tile(d, 32768)), ["64x16", "32x16", "16x16"]);
-  assert.deepEqual([24, 64, 128].map((d) => tile(d, 49152)), ["64x16", "64x16", "32x16"]);
-  assert.deepEqual([24, 64, 128].map((d) => tile(d, 2560)), ["2x16", "1x4", "1x1"]);
-  assert.equal(tile(64, 49152, 5), "5x16");
+  // rows x keys / threads for head dims 24, 64, 80, 128, 256 under 48 KiB (H200), 32 KiB
+  // (llvmpipe), and GL's budget and prefetch; long chunks (>= 2048 rows) try 64 x 32 first.
+  const dims = [24, 64, 80, 128, 256];
+  assert.deepEqual(
+    dims.map((d) => tile(d, 49152)),
+    ["64x32/128", "64x32/128", "64x32/128", "32x32/128", "16x16/128"],
+  );
+  assert.deepEqual(
+    dims.map((d) => tile(d, 49152, 8, 1024)),
+    ["32x64/128", "32x64/128", "32x64/160", "32x32/128", "16x16/128"],
+  );
+  assert.deepEqual(
+    dims.map((d) => tile(d, 32768)),
+    ["64x32/128", "32x32/64", "32x32/80", "16x32/128", "8x16/128"],
+  );
+  assert.deepEqual(dims.slice(0, 4).map((d) => tile(d, 4608, 2)), [
+    "8x16/48",
+    "4x8/64",
+    "4x8/80",
+    "4x4/64",
+  ]);
+  assert.equal(tile(64, 49152, 8, 5), "8x64/128");
+  const forced = attentionTile(gpu, {
+    headDim: 64,
+    wantRows: 4096,
+    rows: 64,
+    keys: 16,
+    maxBytes: 49152,
+    maxPrefetch: 8,
+  });
+  assert.equal(`${forced.rows}x${forced.keys}/${forced.wg}`, "64x16/64");
   const here = attentionTile(gpu, { headDim: 128, wantRows: 1024 });
   console.log(`headDim 128 on this adapter: ${JSON.stringify(here)}`);
   assert.throws(() => attentionTile(gpu, { headDim: 4096, wantRows: 1 }), /workgroup memory/);
+  assert.throws(() => attentionTile(gpu, { headDim: 64, wantRows: 64, keys: 12 }), /tileKeys/);
+  assert.throws(() => attentionTile(gpu, { headDim: 64, wantRows: 64, rows: 6 }), /tileRows/);
 });

@@ -1,0 +1,90 @@
+/**
+ * Tile sweep of the causal prefill attention kernel (kernels/attention.ts) on TinyLlama heads:
+ * one chunk of `--tokens` queries after `pos0` cached keys, 22 layers' dispatches per timed pass
+ * (a pool of 4 layers), right after ≈ 30 ms of the same work (warm clocks), median of
+ * `--iterations`. Prints µs per layer and the attention FLOP rate.
+ *
+ *   deno run -A scripts/sweep_prefill_attention.ts [--tokens 256] [--pos0 0,256]
+ *     [--variants '[{}, {"tileRows": 64, "tileKeys": 32}]'] [--iterations 5]
+ */
+import { parseArgs } from "node:util";
+import { createStorage, getGpu, type Gpu } from "../engine/gpu.ts";
+import { timePasses } from "../engine/gpu_timing.ts";
+import { type Dispatch, encode } from "../kernels/dispatch.ts";
+import { attentionDispatch, type AttentionOptions } from "../kernels/attention.ts";
+import { fillRandomDispatch } from "../kernels/fill_random.ts";
+
+async function timeCalls(gpu: Gpu, calls: Dispatch[], iterations: number): Promise<number> {
+  const body = (pass: GPUComputePassEncoder) => encode(pass, calls);
+  const [first] = await timePasses(gpu, [body]);
+  const warm = Math.min(200, Math.ceil(30e6 / Math.max(first, 1)));
+  const ns: number[] = [];
+  for (let i = 0; i < iterations; i++) {
+    const all = await timePasses(gpu, new Array(warm + 1).fill(body));
+    ns.push(all[warm]);
+  }
+  ns.sort((a, b) => a - b);
+  return ns[ns.length >> 1] / 1000 / calls.length;
+}
+
+function random(gpu: Gpu, floats: number, seed: number): GPUBuffer {
+  const b = createStorage(gpu, floats * 4, undefined, "sweep random");
+  const enc = gpu.device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  encode(pass, [fillRandomDispatch(gpu, b, { count: floats, dtype: "f32", scale: 1, seed })]);
+  pass.end();
+  gpu.device.queue.submit([enc.finish()]);
+  return b;
+}
+
+const { values: v } = parseArgs({
+  options: {
+    tokens: { type: "string", default: "256" },
+    pos0: { type: "string", default: "0,256" },
+    variants: { type: "string", default: "[{}]" },
+    iterations: { type: "string", default: "5" },
+  },
+});
+const gpu = await getGpu();
+console.log(`prefill attention sweep on ${gpu.adapterName}`);
+const T = Number(v.tokens), nHeads = 32, nKvHeads = 4, D = 64, layers = 4, BLOCK = 16;
+for (const pos0 of v.pos0!.split(",").map(Number)) {
+  const maxBlocks = Math.ceil((pos0 + T) / BLOCK) + 1;
+  const poolFloats = (maxBlocks + 1) * layers * nKvHeads * BLOCK * D;
+  const kPool = random(gpu, poolFloats, 2), vPool = random(gpu, poolFloats, 3);
+  const q = random(gpu, T * nHeads * D, 4);
+  const out = createStorage(gpu, T * nHeads * D * 4, undefined, "out");
+  const table = Uint32Array.from({ length: maxBlocks }, (_, b) => 1 + b);
+  const blockTable = createStorage(gpu, table.byteLength, table, "table");
+  // Score and P.V multiply-adds over the causal triangle (and the cached keys).
+  const pairs = T * pos0 + (T * (T + 1)) / 2;
+  const flops = 2 * 2 * nHeads * D * pairs;
+  for (const variant of JSON.parse(v.variants!) as Partial<AttentionOptions>[]) {
+    const calls: Dispatch[] = [];
+    try {
+      for (let rep = 0; rep < 22; rep++) {
+        calls.push(attentionDispatch(gpu, { q, kPool, vPool, blockTable, out }, {
+          tokens: T,
+          slot: 0,
+          pos0,
+          nHeads,
+          nKvHeads,
+          headDim: D,
+          layer: rep % layers,
+          nLayers: layers,
+          maxBlocks,
+          ...variant,
+        }));
+      }
+      const us = await timeCalls(gpu, calls, Number(v.iterations));
+      console.log(
+        `T=${T} pos0=${String(pos0).padEnd(5)} ${JSON.stringify(variant).padEnd(36)} ` +
+          `${us.toFixed(1).padStart(8)} µs/layer ${(flops / us / 1e6).toFixed(1).padStart(6)} ` +
+          `TFLOP/s (${calls[0].label})`,
+      );
+    } catch (e) {
+      console.log(`T=${T} pos0=${pos0} ${JSON.stringify(variant)}: ${(e as Error).message}`);
+    }
+  }
+  for (const b of [kPool, vPool, q, out, blockTable]) b.destroy();
+}

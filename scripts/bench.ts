@@ -4,6 +4,7 @@
  *
  *   deno task bench [--model DIR | --shape tinyllama-1.1b|tiny] [--batch 1,8,32]
  *     [--prompt-len 128] [--new-tokens 256] [--dtype f16|bf16] [--profile] [--queue-depth N]
+ *     [--max-chunk N]
  *     [--out FILE]
  *
  * The table goes to stdout, progress to stderr (TTY only), and with `--out` a JSON object.
@@ -52,6 +53,8 @@ export interface BenchOptions {
   prefillRuns?: number;
   /** The engine's `queueDepth` (default: the engine's). */
   queueDepth?: number;
+  /** The engine's `maxChunk`, prefill tokens per chunk (default: the engine's). */
+  maxChunk?: number;
   gpu?: Gpu;
 }
 
@@ -77,6 +80,8 @@ export interface BenchResult {
   step_ms_p50: number;
   /** Decode steps the engine queues on the GPU, in submissions of its maxSteps. */
   queue_depth: number;
+  /** Prefill tokens per chunk (the engine's maxChunk). */
+  max_chunk: number;
   /** Host time encoding and submitting, per decode step recorded, by batch size (ms). */
   host_ms_per_step: Record<string, number>;
   /** Tokens per delivery burst at batch 1, in order (the first is the prefill's token). */
@@ -118,6 +123,7 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
     // Every request of the largest batch at once, each with its trash-column spare.
     kvBlocks: maxBatch * (Math.ceil(context / BLOCK) + 1) + 2,
     queueDepth: o.queueDepth,
+    maxChunk: o.maxChunk,
   };
   status(`bench: loading ${o.shape ? `shape ${o.shape} (${o.dtype})` : o.model}`);
   const engine = o.shape
@@ -202,6 +208,7 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
     ms_per_token_p95: percentile(gaps, 95),
     step_ms_p50: percentile(stepMs, 50),
     queue_depth: engine.opts.queueDepth,
+    max_chunk: engine.opts.maxChunk,
     host_ms_per_step: hostMs,
     bursts: groups.map((g) => g.tokens),
     bytes_per_token: bytes.total,
@@ -218,11 +225,14 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
   };
 }
 
-type Checked = Required<Omit<BenchOptions, "shape" | "gpu" | "readBytes" | "queueDepth">> & {
-  shape?: string;
-  readBytes?: number;
-  queueDepth?: number;
-};
+type Checked =
+  & Required<Omit<BenchOptions, "shape" | "gpu" | "readBytes" | "queueDepth" | "maxChunk">>
+  & {
+    shape?: string;
+    readBytes?: number;
+    queueDepth?: number;
+    maxChunk?: number;
+  };
 
 function checkOptions(o: BenchOptions): Checked {
   if (o.model !== undefined && o.shape !== undefined) {
@@ -249,7 +259,11 @@ function checkOptions(o: BenchOptions): Checked {
     readBytes: o.readBytes,
     prefillRuns: o.prefillRuns ?? 3,
     queueDepth: o.queueDepth,
+    maxChunk: o.maxChunk,
   };
+  if (c.maxChunk !== undefined && !(Number.isInteger(c.maxChunk) && c.maxChunk >= 1)) {
+    throw new Error(`--max-chunk must be an integer ≥ 1; got ${c.maxChunk}`);
+  }
   if (c.queueDepth !== undefined && !(Number.isInteger(c.queueDepth) && c.queueDepth >= 1)) {
     throw new Error(`--queue-depth must be an integer ≥ 1; got ${c.queueDepth}`);
   }
@@ -318,7 +332,7 @@ function intFlag(flag: string, v: string | undefined): number | undefined {
 
 const USAGE = `usage: deno task bench [--model DIR | --shape tinyllama-1.1b|tiny] [--batch 1,8,32]
   [--prompt-len 128] [--new-tokens 256] [--dtype f16|bf16] [--profile] [--read-mib N]
-  [--queue-depth N] [--out FILE]`;
+  [--queue-depth N] [--max-chunk N] [--out FILE]`;
 
 /** The CLI: parses flags, runs the bench, prints the table, writes `--out`. */
 export async function main(args: string[]): Promise<void> {
@@ -334,6 +348,7 @@ export async function main(args: string[]): Promise<void> {
       profile: { type: "boolean" },
       "read-mib": { type: "string" },
       "queue-depth": { type: "string" },
+      "max-chunk": { type: "string" },
       out: { type: "string" },
       help: { type: "boolean", short: "h" },
     },
@@ -350,6 +365,7 @@ export async function main(args: string[]): Promise<void> {
     profile: v.profile,
     readBytes: readMib === undefined ? undefined : readMib * 2 ** 20,
     queueDepth: intFlag("queue-depth", v["queue-depth"]),
+    maxChunk: intFlag("max-chunk", v["max-chunk"]),
   });
   console.log(formatTable(result));
   if (v.out) {

@@ -102,6 +102,7 @@ Deno.test("bench: runBench on the tiny shape reports every field", async () => {
   assert.ok(r.roofline_fraction < 5, `roofline fraction ${r.roofline_fraction} is implausible`);
   assert.equal(r.bursts.reduce((a, b) => a + b, 0), 8);
   assert.equal(r.queue_depth, 2);
+  assert.equal(r.max_chunk, 256);
   for (const b of ["1", "2"]) {
     const ms = r.host_ms_per_step[b];
     assert.ok(ms > 0 && ms < 10_000, `host ms per step at batch ${b}: ${ms}`);
@@ -133,7 +134,7 @@ Deno.test("bench: the CLI writes valid JSON with --out", async () => {
     const script = new URL("../scripts/bench.ts", import.meta.url).pathname;
     const cmd = new Deno.Command(Deno.execPath(), {
       args: ["run", "-A", script, "--shape", "tiny", "--batch", "1", "--prompt-len", "8"]
-        .concat(["--new-tokens", "4", "--read-mib", "8", "--out", out]),
+        .concat(["--new-tokens", "4", "--read-mib", "8", "--max-chunk", "4", "--out", out]),
       stdout: "piped",
       stderr: "piped",
     });
@@ -150,6 +151,7 @@ Deno.test("bench: the CLI writes valid JSON with --out", async () => {
       assert.ok(Number.isFinite(json[key]) && json[key] > 0, `${key} = ${json[key]}`);
     }
     assert.ok(json.decode_tok_s["1"] > 0);
+    assert.equal(json.max_chunk, 4); // the 8-token prompt prefilled in two chunks
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
@@ -159,6 +161,7 @@ Deno.test("bench: usage errors name the flag", async () => {
   await assert.rejects(() => runBench({ model: "x", shape: "tiny" }), /--model DIR or --shape/);
   await assert.rejects(() => runBench({ dtype: "bf16" }), /--dtype applies to --shape only/);
   await assert.rejects(() => runBench({ shape: "tiny", newTokens: 1 }), /--new-tokens/);
+  await assert.rejects(() => runBench({ shape: "tiny", maxChunk: 0 }), /--max-chunk/);
   assert.throws(() => shapeConfig("llama-70b"), /unknown shape 'llama-70b': use one of/);
 });
 

@@ -7,7 +7,11 @@
  *   rows of x (rm ≤ 8), so each 16-byte load of W is applied to rm rows of x from registers and
  *   each load of x to 4 rows of W. Many small tiles, K split over the threads of a workgroup
  *   and reduced in workgroup memory; launch shape from {@linkcode smallTuning}.
- * - `tiled` (kernels/matmul.wgsl): prefill, M > 64. 64 × 64 output tiles, 4 × 4 per thread.
+ * - `tiled` (kernels/matmul.wgsl): prefill, M > 64. Classic SGEMM register blocking: a
+ *   workgroup owns a bm × bn tile of y (up to 128 × 128), a thread a tm × tn block of it (up to
+ *   8 × 8: 64 multiply-adds per 4 vec4 reads of workgroup memory), K in steps of bk staged
+ *   through workgroup memory with the next step's 16-byte global loads in flight in registers;
+ *   launch shape from {@linkcode tiledTuning}.
  * - `naive` (kernels/matmul_naive.wgsl): the plain statement of the contract; serves M ≤ 64
  *   with an awkward K.
  *
@@ -24,8 +28,18 @@
  * 64-thread workgroup re-reduced Σx² over K for a single row of W) and 1.4–2.1 TB/s without;
  * at M = 8 it was 4× slower than at M = 1, bound by loads of x (two per row of x per unit of
  * W); the tiled kernel took 295–801 µs per projection at M = 32 (32–176 workgroups for 132 SMs,
- * each walking K with two barriers per 8-wide step). `tiled` reached 13–17 TFLOP/s at M = 512
- * (about 11 TFLOP/s in a 256-token prefill chunk).
+ * each walking K with two barriers per 8-wide step).
+ *
+ * Why `tiled` is register-blocked (same GPU): its previous form (64 × 64 tiles, 4 × 4 per
+ * thread, 8-wide K steps, loads element by element with a per-element f16 unpack, two
+ * barriers per step) reached 11–17 TFLOP/s (about 11 in a 256-token prefill chunk of
+ * TinyLlama, where the matmuls took 52 of 68 ms) against an f32 FMA peak of about 60; 4 × 4
+ * per thread is bound by workgroup-memory bandwidth at about half of peak. The present form
+ * reaches 17–35 TFLOP/s (see {@linkcode tiledTuning}): a 256-token chunk's matmuls take 23 ms
+ * instead of 52. Sweep its launch shapes with `scripts/sweep_kernels.ts --m 256 --variants
+ * '[{}, {"tiled": {"bm": 128, "bn": 128, "tm": 8, "tn": 8}}]'` (M ≤ 64 with `"path": "tiled"`:
+ * there `small` stays ahead for every projection but gate/up at M = 64 and the LM head, whose
+ * few-row tiles leave most of the GPU idle for N ≤ 2560).
  *
  * `small` on the same GPU (scripts/sweep_kernels.ts, 22 layers' weights per pass, warm clocks),
  * µs per call for qkv / o / gate-up / down / LM head: M = 1: 8.4 / 7.3 / 17.6 / 12.3 / 39.5
@@ -33,7 +47,7 @@
  * / 105 / 45.8 / 284 (with the rm rule of {@linkcode smallTuning}). The small matrices stay far
  * below the ceiling at M = 1: a call that reads 8 MB lasts about as long as launch and drain.
  */
-import { createStorage, type Gpu, writeBuffer } from "../engine/gpu.ts";
+import { createStorage, type Gpu, isCpuAdapter, writeBuffer } from "../engine/gpu.ts";
 import { BYTES, type DType, encode, WDTYPE } from "../engine/dtype.ts";
 import { bindGroup, type Dispatch, grid, params, pipeline, uniform, wgsl } from "./dispatch.ts";
 
@@ -79,7 +93,7 @@ export function uploadWeight(
  * Gate/up rows per block of the interleaved layout ({@linkcode interleaveGateUp}) that
  * `swiglu` matmuls read. 1: gate and up rows alternate, so the rows of W behind a run of
  * product columns (gate, up, gate, up, …) are adjacent: a `small` thread's 4 columns are 4
- * consecutive rows, a 64-column `tiled` tile 64. The kernels take any block size
+ * consecutive rows, a `tiled` tile's bn columns bn. The kernels take any block size
  * (`swigluBlock`).
  */
 export const SWIGLU_BLOCK = 1;
@@ -148,18 +162,29 @@ export interface SmallTuning {
   tn: number;
   /** Threads splitting K, unit by unit (a power of two ≥ rm). */
   tk: number;
-  /** Units (16-byte loads of W) per column per loop iteration: 1 or 2. */
+  /** Units (16-byte loads of W) per column per loop iteration: 1, 2 or 4. */
   unroll: number;
 }
 
-/** Launch shape of the `tiled` kernel (64 × 64 tiles, 4 × 4 per thread). */
+/**
+ * Launch shape of the `tiled` kernel (defaults from {@linkcode tiledTuning}). A workgroup has
+ * `(bm / tm) · (bn / tn)` threads and owns a `bm × bn` tile of the product; each thread a
+ * `tm × tn` block of it.
+ */
 export interface TiledTuning {
-  /** K per step through workgroup memory (a multiple of 8). */
+  /** Tile rows (rows of x): 16, 32, 64 or 128. */
+  bm: number;
+  /** Tile columns (product columns; gate and up both count with swiglu): 16, 32, 64 or 128. */
+  bn: number;
+  /** Rows per thread: 4 or 8. */
+  tm: number;
+  /** Columns per thread: 4 or 8. */
+  tn: number;
+  /** K per step through workgroup memory: 8, 16 or 32. */
   bk: number;
+  /** Workgroup buffers per tile: 2 (one barrier per step) or 1 (two, half the memory). */
+  bufs: number;
 }
-
-/** Default `tiled` launch shape. */
-export const TILED_TUNING: TiledTuning = { bk: 8 };
 
 /** Buffers of {@linkcode matmulDispatch}. */
 export interface MatmulBuffers {
@@ -195,7 +220,10 @@ export interface MatmulOptions {
   path?: MatmulPath;
   /** Override the `small` launch shape (benchmarks). */
   small?: Partial<SmallTuning>;
-  /** Override the `tiled` launch shape (benchmarks). */
+  /**
+   * Override the `tiled` launch shape (benchmarks), merged over {@linkcode tiledTuning}'s
+   * choice, e.g. `{ bm: 128, bn: 128, tm: 8, tn: 8 }`.
+   */
   tiled?: Partial<TiledTuning>;
 }
 
@@ -248,8 +276,10 @@ export interface SmallTuningOptions {
  *   (ties go to the smaller tm). E.g. TinyLlama, f16, M = 32: o (N = 2048) tk 32 and 8 × 32
  *   tiles (tm 1, tn 8): 256 workgroups; gate/up (2F = 11264) tk 8 and 16 × 64 tiles (tm 2,
  *   tn 16): 352 workgroups. M = 1: o tk 128, tn 2 (256 workgroups); LM head tk 16, tn 16.
- * - unroll: two units per column in flight for rm ≤ 4; one at rm = 8, whose 32 accumulators
- *   already hold a quarter of a ~128-register budget (a second unit costs 16–32 more).
+ * - unroll: two units per column in flight (and per loop trip, which costs ~30 ns on an H200)
+ *   for rm ≤ 4 and for rm = 8 when it stays 8; one when rm = 8 is narrowed to 4, which measured
+ *   slower with two (H200, TinyLlama f16, M = 32, µs: qkv 30 → 40, LM head 283 → 324; o 23.5 →
+ *   21.8 and down 45.4 → 39.9 with two at rm = 8; unroll 4 was no better anywhere).
  */
 export function smallTuning(w: WeightBuffer, opts: SmallTuningOptions): SmallTuning {
   const { m, cols } = opts;
@@ -271,7 +301,82 @@ export function smallTuning(w: WeightBuffer, opts: SmallTuningOptions): SmallTun
   // gate/up 140 → 105 µs, LM head 313 → 284 µs; o and down (N ≤ K) were faster with 8
   // (24 vs 28 µs, 46 vs 57 µs), as were all five at M = 1.
   const narrow = rm === 8 && cols > w.cols ? 4 : rm;
-  return { rm: narrow, tm: best.tm, tn: best.tn, tk, unroll };
+  return { rm: narrow, tm: best.tm, tn: best.tn, tk, unroll: narrow === 8 ? 2 : unroll };
+}
+
+/** Shape of {@linkcode tiledTuning}. */
+export interface TiledTuningOptions {
+  /** Rows of x. */
+  m: number;
+  /** Columns of the product: N, or 2F with swiglu (gate and up both count). */
+  cols: number;
+}
+
+/**
+ * `tiled` candidates, most work per thread and per byte staged first: 8 × 8 per thread does 64
+ * multiply-adds per 4 vec4 read from workgroup memory, 8 × 4 32 per 3, 4 × 4 16 per 2; a
+ * 64 × 128 tile stages 4·64 + 2·128 bytes of x and f16 W per k for 8192 multiply-adds, a
+ * 128 × 128 tile 768 bytes for 16384.
+ */
+const TILED_SHAPES: Pick<TiledTuning, "bm" | "bn" | "tm" | "tn">[] = [
+  { bm: 128, bn: 128, tm: 8, tn: 8 }, // 256 threads
+  { bm: 64, bn: 128, tm: 8, tn: 8 }, // 128
+  { bm: 64, bn: 64, tm: 8, tn: 8 }, // 64
+  { bm: 64, bn: 64, tm: 8, tn: 4 }, // 128
+  { bm: 64, bn: 64, tm: 4, tn: 4 }, // 256
+  { bm: 32, bn: 64, tm: 4, tn: 4 }, // 128
+];
+
+/**
+ * Threads a `tiled` launch aims for: one warp per SM sub-partition (4 per SM) on 128 of the
+ * H200's 132 SMs; fewer leave sub-partitions with no warp to issue from. An 8 × 8 thread's 64
+ * independent accumulators hide latency within its warp, where a 4 × 4 thread needs more warps
+ * beside it, so larger blocks per thread come first while the launch still fills the GPU
+ * (a guess from the GPU's shape; the sweep in {@linkcode tiledTuning} found it best or close).
+ */
+const TILED_THREADS = 16384;
+/** Workgroups a `tiled` launch aims for: about one per SM. */
+const TILED_GROUPS = 128;
+
+/**
+ * `tiled` launch shape on CPU adapters, whatever the shape: 4.3 KB of workgroup memory, as
+ * the kernel's earlier 64 × 64 form had. llvmpipe through GL compiles the larger shapes for
+ * seconds to minutes each (see kernels/matmul.wgsl), and lavapipe allows only 32 KiB.
+ */
+const TILED_CPU: TiledTuning = { bm: 64, bn: 64, tm: 4, tn: 4, bk: 8, bufs: 1 };
+
+/**
+ * Default `tiled` launch shape for `m` rows of x into `cols` product columns: the first of
+ * {@linkcode TILED_SHAPES} whose launch has at least {@linkcode TILED_THREADS} threads in
+ * {@linkcode TILED_GROUPS} workgroups, else the last (the most threads); K steps of 16 (8 for
+ * 128 × 128 tiles), two buffers (one where two do not fit). E.g. TinyLlama, M = 256: qkv, o,
+ * down 64 × 64 of 8 × 4 (128 to 160 workgroups), gate/up and the LM head 128 × 128 of 8 × 8;
+ * M = 512: qkv, o, down 64 × 128 of 8 × 8. CPU adapters get {@linkcode TILED_CPU}.
+ *
+ * Measured on the H200 (scripts/sweep_kernels.ts, TinyLlama f16, TFLOP/s of f32 FMA, this
+ * choice vs the best variant tried): M = 256: qkv 16.8, o 23.6, gate/up 24.0, down 23.5, LM
+ * head 34.5 (all the best of 7 shapes); M = 512: qkv 15.4 (19.8 with 128 × 128), o 29.9,
+ * gate/up 31.8, down 31.6, LM head 35.0. The previous 64 × 64 / 4 × 4 kernel reached 11–17.
+ */
+export function tiledTuning(gpu: Gpu, opts: TiledTuningOptions): TiledTuning {
+  if (isCpuAdapter(gpu)) return TILED_CPU;
+  const { m, cols } = opts;
+  const launch = (s: (typeof TILED_SHAPES)[number]) => {
+    const groups = Math.ceil(m / s.bm) * Math.ceil(cols / s.bn);
+    return { groups, threads: groups * (s.bm / s.tm) * (s.bn / s.tn) };
+  };
+  const fits = TILED_SHAPES.find((s) => {
+    const l = launch(s);
+    return l.threads >= TILED_THREADS && l.groups >= TILED_GROUPS;
+  });
+  const shape = fits ?? TILED_SHAPES[TILED_SHAPES.length - 1];
+  const t = { ...shape, bk: shape.bm === 128 && shape.bn === 128 ? 8 : 16, bufs: 2 };
+  return tiledBytes(t) <= gpu.maxWorkgroupStorage ? t : { ...t, bufs: 1 };
+}
+
+/** Workgroup memory of a `tiled` launch: the staged x and W tiles, k-rows padded by 4 floats. */
+function tiledBytes(t: TiledTuning): number {
+  return t.bufs * t.bk * (t.bm + 4 + t.bn + 4) * 4;
 }
 
 const dummies = new WeakMap<GPUDevice, GPUBuffer>();
@@ -348,20 +453,40 @@ export function matmulDispatch(gpu: Gpu, buffers: MatmulBuffers, opts: MatmulOpt
       workgroups: groups,
     };
   }
-  const tiled = path === "tiled";
-  const count = tiled ? Math.ceil(m / 64) * Math.ceil(cols / 64) : m * Math.ceil(n / 64);
-  const groups = grid(count);
-  const t = { ...TILED_TUNING, ...opts.tiled };
-  const pipe = pipeline(gpu, tiled ? "matmul.wgsl" : "matmul_naive.wgsl", {
-    prelude: wgsl("matmul_common.wgsl"),
-    constants: tiled
-      ? {
+  if (path === "tiled") {
+    const t = { ...tiledTuning(gpu, { m, cols }), ...opts.tiled };
+    checkTiled(gpu, label, t, w.dtype);
+    const groups = grid(Math.ceil(m / t.bm) * Math.ceil(cols / t.bn));
+    const pipe = pipeline(gpu, "matmul.wgsl", {
+      prelude: wgsl("matmul_common.wgsl"),
+      constants: {
         WDTYPE: WDTYPE[w.dtype],
+        BM: t.bm,
+        BN: t.bn,
+        TM: t.tm,
+        TN: t.tn,
         BK: t.bk,
-        PAIRS: w.dtype !== "f32" && k % 2 === 0 ? 1 : 0,
+        BUFS: t.bufs,
+        ALIGNED: k % t.bk === 0 ? 1 : 0,
         ...fusion,
-      }
-      : { WDTYPE: WDTYPE[w.dtype], ...fusion },
+      },
+    });
+    const u = uniform(gpu, params([m, n, k, groups[0], yStride, yOffset, flags, eps, block]));
+    // x, W and nw are bound as arrays of 16-byte vectors: whole vectors, rounded up.
+    const xb = { buffer: x, size: ceil16(m * k * 4) };
+    const wb = { buffer: w.buffer, size: ceil16(w.rows * k * BYTES[w.dtype]) };
+    const nwb = normWeight ? { buffer: normWeight, size: ceil16(k * 4) } : nw;
+    return {
+      label: `${label} ${t.bm}x${t.bn}/${t.tm}x${t.tn}`,
+      pipeline: pipe,
+      bindGroup: bindGroup(gpu, pipe, [u, xb, wb, bias, nwb, y]),
+      workgroups: groups,
+    };
+  }
+  const groups = grid(m * Math.ceil(n / 64));
+  const pipe = pipeline(gpu, "matmul_naive.wgsl", {
+    prelude: wgsl("matmul_common.wgsl"),
+    constants: { WDTYPE: WDTYPE[w.dtype], ...fusion },
   });
   const u = uniform(gpu, params([m, n, k, groups[0], yStride, yOffset, flags, eps, block]));
   return {
@@ -371,6 +496,8 @@ export function matmulDispatch(gpu: Gpu, buffers: MatmulBuffers, opts: MatmulOpt
     workgroups: groups,
   };
 }
+
+const ceil16 = (bytes: number) => Math.ceil(bytes / 16) * 16;
 
 interface Shape {
   m: number;
@@ -400,7 +527,9 @@ function check(gpu: Gpu, buffers: MatmulBuffers, s: Shape): void {
   if (s.swiglu && !(Number.isInteger(s.block) && s.block >= 1)) {
     fail(where, `swiglu block must be an integer >= 1; got ${s.block}`);
   }
-  const wBytes = Math.ceil((w.rows * s.k * BYTES[w.dtype]) / 4) * 4;
+  // The tiled kernel reads x, W and nw as 16-byte vectors: it needs the last one whole.
+  const whole = (bytes: number) => s.path === "tiled" ? ceil16(bytes) : Math.ceil(bytes / 4) * 4;
+  const wBytes = whole(w.rows * s.k * BYTES[w.dtype]);
   if (w.buffer.size < wBytes) fail(where, `W holds ${w.buffer.size} bytes; needs ${wBytes}`);
   if (wBytes > gpu.maxBinding) {
     fail(
@@ -408,7 +537,8 @@ function check(gpu: Gpu, buffers: MatmulBuffers, s: Shape): void {
       `W is ${wBytes} bytes, over the ${gpu.maxBinding}-byte binding limit; split it by rows`,
     );
   }
-  if (x.size < s.m * s.k * 4) fail(where, `x holds ${x.size} bytes; needs ${s.m * s.k * 4}`);
+  const xBytes = whole(s.m * s.k * 4);
+  if (x.size < xBytes) fail(where, `x holds ${x.size} bytes; needs ${xBytes}`);
   const yEnd = (s.yOffset + (s.m - 1) * s.yStride + s.n) * 4;
   if (s.yStride < s.n) fail(where, `yStride ${s.yStride} < N`);
   if (y.size < yEnd) fail(where, `y holds ${y.size} bytes; needs ${yEnd}`);
@@ -416,8 +546,8 @@ function check(gpu: Gpu, buffers: MatmulBuffers, s: Shape): void {
     fail(where, `bias holds ${bias.size} bytes; needs ${w.rows * 4}`);
   }
   if (normWeight) {
-    if (normWeight.size < s.k * 4) {
-      fail(where, `normWeight holds ${normWeight.size} bytes; needs ${s.k * 4}`);
+    if (normWeight.size < whole(s.k * 4)) {
+      fail(where, `normWeight holds ${normWeight.size} bytes; needs ${whole(s.k * 4)}`);
     }
     if (!(s.eps !== undefined && s.eps >= 0)) fail(where, "normWeight needs eps >= 0");
   }
@@ -435,13 +565,46 @@ function checkSmall(gpu: Gpu, label: string, t: SmallTuning): void {
   if (!isPow2(t.tn) || !isPow2(t.tm)) {
     fail(label, `small tn and tm must be powers of two; got ${t.tn} and ${t.tm}`);
   }
-  if (t.unroll !== 1 && t.unroll !== 2) fail(label, `small unroll must be 1 or 2; got ${t.unroll}`);
+  if (![1, 2, 4].includes(t.unroll)) fail(label, `small unroll must be 1, 2 or 4; got ${t.unroll}`);
   const L = gpu.device.limits;
   const most = Math.min(L.maxComputeInvocationsPerWorkgroup, L.maxComputeWorkgroupSizeX);
   if (threads > most || bytes > gpu.maxWorkgroupStorage) {
     fail(
       label,
       `small workgroup of ${threads} threads and ${bytes} bytes is over the device's ` +
+        `${most} threads / ${gpu.maxWorkgroupStorage} bytes`,
+    );
+  }
+}
+
+function checkTiled(gpu: Gpu, label: string, t: TiledTuning, dtype: DType): void {
+  const sizes = [16, 32, 64, 128];
+  if (!sizes.includes(t.bm) || !sizes.includes(t.bn)) {
+    fail(label, `tiled bm and bn must be 16, 32, 64 or 128; got ${t.bm} and ${t.bn}`);
+  }
+  if (![4, 8].includes(t.tm) || ![4, 8].includes(t.tn)) {
+    fail(label, `tiled tm and tn must be 4 or 8; got ${t.tm} and ${t.tn}`);
+  }
+  if (![8, 16, 32].includes(t.bk)) fail(label, `tiled bk must be 8, 16 or 32; got ${t.bk}`);
+  if (t.bufs !== 1 && t.bufs !== 2) fail(label, `tiled bufs must be 1 or 2; got ${t.bufs}`);
+  const threads = (t.bm / t.tm) * (t.bn / t.tn);
+  // 16-byte loads per thread and step: the kernel keeps at most 4 of x and 4 of W in flight.
+  const xLoads = Math.ceil((t.bm * t.bk) / 4 / threads);
+  const wLoads = Math.ceil((t.bn * t.bk) / (16 / BYTES[dtype]) / threads);
+  if (xLoads > 4 || wLoads > 4) {
+    fail(
+      label,
+      `tiled ${t.bm}x${t.bn}, bk ${t.bk} needs ${xLoads} loads of x and ${wLoads} of W per ` +
+        `thread and step; at most 4 each (a smaller bk, tm or tn)`,
+    );
+  }
+  const bytes = tiledBytes(t);
+  const L = gpu.device.limits;
+  const most = Math.min(L.maxComputeInvocationsPerWorkgroup, L.maxComputeWorkgroupSizeX);
+  if (threads > most || bytes > gpu.maxWorkgroupStorage) {
+    fail(
+      label,
+      `tiled workgroup of ${threads} threads and ${bytes} bytes is over the device's ` +
         `${most} threads / ${gpu.maxWorkgroupStorage} bytes`,
     );
   }

@@ -1,32 +1,57 @@
 // kernels/matmul.ts prepends matmul_common.wgsl: WDTYPE, NORM, SWIGLU, unpack2, w_row, store_out.
-// Tiled matmul for prefill (M > 8 rows): y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n]).
-// A workgroup of 16 x 16 threads owns a 64 x 64 tile of y; each thread a 4 x 4 block of it.
-// K advances in steps of BK: the x and W tiles of the step are loaded into workgroup memory
-// (transposed to [k][m] and [k][n], W widened to f32), then per k every thread reads two vec4
-// and does 16 FMAs. Loads are bounds-checked element by element, so any M, N and K work (odd K:
-// W rows not word-aligned). The accumulators are four named vec4, not an array: WebGPU bounds
-// every loop (naga's termination guard), which can keep a driver from unrolling it, and an
-// array indexed by a loop counter then lives in local memory.
+// Tiled matmul for prefill (M > 64 rows): y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n]).
 //
-// Sizes are kept small for llvmpipe, where the CPU tests run: naga's GL backend zero-fills
-// workgroup arrays with one constructor term per element, and compile time there grows steeply
-// with array length and workgroup size.
+// Classic SGEMM register blocking. A workgroup of (BM / TM) x (BN / TN) threads owns a BM x BN
+// tile of y; each thread a TM x TN block of it (TM, TN = 4 or 8), as one or two 4-row groups
+// (rows 4 ty .. and BM / 2 + 4 ty ..) by one or two 4-column groups (columns 4 tx .. and
+// BN / 2 + 4 tx ..). Per k a thread reads TM / 4 + TN / 4 vec4 from workgroup memory and does
+// TM * TN multiply-adds: 8 x 8 gives 64 per 4 loads, where 4 x 4 gives 16 per 2 and is bound by
+// workgroup-memory bandwidth. Splitting each dimension in two halves keeps the reads of a warp
+// on adjacent vec4 (no bank conflicts) and each thread's product columns in whole SWIGLU pairs.
+//
+// K advances in steps of BK. Each step's x tile (BM x BK f32) and W tile (BN x BK) are fetched
+// as 16-byte slots (4 elements of x: a vec4; 8 halves or 4 f32 of W: a vec4<u32>) into
+// registers one step ahead: the loads for step s + 1 are issued before the multiply-adds of
+// step s and only stored (W widened to f32, both transposed to k-major [k][m], [k][n], rows
+// padded by 4 floats) at the start of step s + 1, so global latency hides behind a whole step
+// of arithmetic. With BUFS = 2 the tiles alternate between two buffers and a step needs one
+// barrier; with BUFS = 1, two. Slots are assigned so that BK / 4 (x) or BK / 8 (16-bit W)
+// adjacent threads read one row's contiguous run; their transposed stores have at most 2-way
+// bank conflicts at BK <= 16 (4-way at 32), the vec4 reads of the inner loop none.
+//
+// ALIGNED (K a multiple of BK): one vector load per slot, no k bounds. Otherwise every element
+// is loaded on its own and bounds-checked (odd K: W rows not word-aligned). Rows past M and
+// columns past N are clamped to the last one in both paths (in-bounds loads, nothing stored).
+//
+// Every loop in WebGPU carries a termination guard (naga), which may keep a driver from
+// unrolling it, and an array indexed by a loop counter would live in local memory. So the
+// accumulators are sixteen named vec4 fields of a struct, the staged slots named fields too,
+// and a step's BK k are written out (a loop trip costs ~30 ns on an H200 whatever its body):
+// the only loop left in the hot path is the one over K.
 //
 // Optional fusions (override constants):
-// - NORM: y = (x / rms(x) * nw) . W^T. The loaders scale x by nw as they stage it and sum x^2
-//   as they go (each element of the x tile is loaded by one thread); after the K loop the four
-//   partial sums of each row meet in workgroup memory and 1 / rms scales the accumulators.
+// - NORM: y = (x / rms(x) * nw) . W^T. nw is fetched with x and scales it as it is staged;
+//   the stagers sum x^2 of their slots (each element of the x tile is staged by one thread);
+//   after the K loop the partial sums of each row meet in workgroup memory and 1 / rms scales
+//   the accumulators.
 // - SWIGLU: W is gate/up interleaved in blocks of p.block rows (see w_row). The tile's columns
-//   alternate gate, up of consecutive outputs (the loaders map them to rows of W), so each
-//   thread's four columns are two whole pairs and y[m, n] = silu(gate) * up needs no exchange.
+//   alternate gate, up of consecutive outputs (the stagers map them to rows of W), so each
+//   thread's 4-column groups are two whole pairs and y[m, n] = silu(gate) * up needs no exchange.
+//
+// llvmpipe through GL: naga's GL backend zero-fills workgroup arrays with one constructor term
+// per element, and compile time grows steeply with their length and with the 8 x 8 arithmetic
+// (here: about 6 s per pipeline at BM = BN = 32, TM = TN = 8, BK = 8; minutes at the GPU's
+// shapes), so CPU adapters get a small configuration (kernels/matmul.ts).
 
-override BK: u32 = 8u; // k per step, a multiple of 8
-// 16-bit W with K even: rows start on a word, so a thread's pairs of k are single u32 loads.
-override PAIRS: bool = false;
+override BM: u32 = 64u; // tile rows (m): 16, 32, 64 or 128
+override BN: u32 = 64u; // tile columns (product columns): 16, 32, 64 or 128
+override TM: u32 = 8u; // rows per thread: 4 or 8
+override TN: u32 = 8u; // columns per thread: 4 or 8
+override BK: u32 = 16u; // k per step: 8, 16 or 32
+override BUFS: u32 = 2u; // workgroup buffers per tile: 2 = one barrier per step
+override ALIGNED: bool = false; // K % BK == 0: vector loads, no k bounds
 
-const BM: u32 = 64u; // tile rows (m)
-const BN: u32 = 64u; // tile columns (n)
-const WG: u32 = 256u;
+const PAD: u32 = 4u; // floats after each k-row of a staged tile
 
 struct Params {
   m: u32,
@@ -43,24 +68,67 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>; // [M, K], flat
+@group(0) @binding(2) var<storage, read> w: array<vec4<u32>>; // [rows, K] packed, flat
 @group(0) @binding(3) var<storage, read> bias: array<f32>; // per row of W
-@group(0) @binding(4) var<storage, read> nw: array<f32>; // RMSNorm weights [K] (NORM)
+@group(0) @binding(4) var<storage, read> nw: array<vec4<f32>>; // RMSNorm weights [K] (NORM)
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
-var<workgroup> xt: array<vec4<f32>, BK * BM / 4u>; // [k][m / 4]
-var<workgroup> wt: array<vec4<f32>, BK * BN / 4u>; // [k][n / 4]
+// Staged tiles, BUFS of each: [k][m] and [k][n] f32, k-rows of BM + PAD and BN + PAD floats.
+var<workgroup> xs: array<vec4<f32>, BUFS * BK * (BM + PAD) / 4u>;
+var<workgroup> ws: array<vec4<f32>, BUFS * BK * (BN + PAD) / 4u>;
 
-fn weight_at(i: u32) -> f32 {
-  if (WDTYPE == 0u) {
-    return bitcast<f32>(w[i]);
-  }
-  let word = w[i >> 1u];
-  if (WDTYPE == 1u) {
-    return unpack2x16float(word)[i & 1u];
-  }
-  return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
+// A thread's TM x TN accumulators: sRH holds row R (0..3: 4 ty + R; 4..7: BM / 2 + 4 ty + R - 4)
+// by column group H (0: 4 tx ..; 1: BN / 2 + 4 tx ..). Fields a smaller TM or TN leaves unused
+// are never touched.
+struct Acc {
+  s00: vec4<f32>, s10: vec4<f32>, s20: vec4<f32>, s30: vec4<f32>,
+  s40: vec4<f32>, s50: vec4<f32>, s60: vec4<f32>, s70: vec4<f32>,
+  s01: vec4<f32>, s11: vec4<f32>, s21: vec4<f32>, s31: vec4<f32>,
+  s41: vec4<f32>, s51: vec4<f32>, s61: vec4<f32>, s71: vec4<f32>,
+}
+
+// One step's global loads of a thread, in flight across a step of arithmetic: x slots j = 0..3
+// (xj), their norm weights (nj, NORM) and W slots (wj). Slot j is thread lid + j * threads().
+struct Staged {
+  x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>,
+  n0: vec4<f32>, n1: vec4<f32>, n2: vec4<f32>, n3: vec4<f32>,
+  w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>,
+}
+
+fn threads() -> u32 {
+  return (BM / TM) * (BN / TN);
+}
+
+// Elements of W per 16-byte slot.
+fn wk() -> u32 {
+  return select(8u, 4u, WDTYPE == 0u);
+}
+
+// Slots of a step's x and W tiles, and per thread (at most 4 each; the wrapper checks).
+fn x_slots() -> u32 {
+  return BM * BK / 4u;
+}
+
+fn w_slots() -> u32 {
+  return BN * BK / wk();
+}
+
+fn x_per_thread() -> u32 {
+  return (x_slots() + threads() - 1u) / threads();
+}
+
+fn w_per_thread() -> u32 {
+  return (w_slots() + threads() - 1u) / threads();
+}
+
+// Floats per k-row of the staged tiles.
+fn ldx() -> u32 {
+  return BM + PAD;
+}
+
+fn ldw() -> u32 {
+  return BN + PAD;
 }
 
 // Columns of the product: N, or 2F with SWIGLU (gate, up of output c / 2 at c even, odd).
@@ -76,6 +144,292 @@ fn col_row(c: u32) -> u32 {
   return c;
 }
 
+fn x_at(e: u32) -> f32 {
+  return x[e >> 2u][e & 3u];
+}
+
+// Bits of element e of W: an f32, or a 16-bit weight in the low half.
+fn w_bits(e: u32) -> u32 {
+  if (WDTYPE == 0u) {
+    return w[e >> 2u][e & 3u];
+  }
+  return (w[e >> 3u][(e >> 1u) & 3u] >> (16u * (e & 1u))) & 0xffffu;
+}
+
+// Element index in x of x slot s of the tile at row m0, at k0 = 0: row m0 + s / (BK / 4)
+// (clamped), k 4 (s % (BK / 4)) ...
+fn x_origin(s: u32, m0: u32) -> u32 {
+  return min(m0 + s / (BK / 4u), p.m - 1u) * p.k + 4u * (s % (BK / 4u));
+}
+
+// Element index in W of W slot s of the tile at product column n0, at k0 = 0: the row behind
+// column n0 + s / (BK / wk()) (clamped), wk() elements from k wk() (s % (BK / wk())).
+fn w_origin(s: u32, n0: u32) -> u32 {
+  let row = col_row(min(n0 + s / (BK / wk()), cols() - 1u));
+  return row * p.k + wk() * (s % (BK / wk()));
+}
+
+// x slot s, whose origin is o, at step k0.
+fn fetch_x(s: u32, o: u32, k0: u32) -> vec4<f32> {
+  let e = o + k0;
+  if (ALIGNED) {
+    return x[e >> 2u];
+  }
+  let k = k0 + 4u * (s % (BK / 4u));
+  var v = vec4<f32>(0.0);
+  if (k < p.k) {
+    v.x = x_at(e);
+  }
+  if (k + 1u < p.k) {
+    v.y = x_at(e + 1u);
+  }
+  if (k + 2u < p.k) {
+    v.z = x_at(e + 2u);
+  }
+  if (k + 3u < p.k) {
+    v.w = x_at(e + 3u);
+  }
+  return v;
+}
+
+// The norm weights of x slot s at step k0 (zeros past K).
+fn fetch_nw(s: u32, k0: u32) -> vec4<f32> {
+  let k = k0 + 4u * (s % (BK / 4u));
+  if (ALIGNED) {
+    return nw[k >> 2u];
+  }
+  let q = nw[min(k, p.k - 1u) >> 2u];
+  return select(vec4<f32>(0.0), q, k + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.k));
+}
+
+// W slot s, whose origin is o, at step k0, packed as stored (16-bit: element 2i in the low
+// half of word i; zeros past K).
+fn fetch_w(s: u32, o: u32, k0: u32) -> vec4<u32> {
+  let e = o + k0;
+  if (ALIGNED) {
+    return w[e / wk()];
+  }
+  let k = k0 + wk() * (s % (BK / wk()));
+  if (WDTYPE == 0u) {
+    return vec4<u32>(w_elem(e, k, 0u), w_elem(e, k, 1u), w_elem(e, k, 2u), w_elem(e, k, 3u));
+  }
+  return vec4<u32>(w_pair(e, k, 0u), w_pair(e, k, 2u), w_pair(e, k, 4u), w_pair(e, k, 6u));
+}
+
+// Bits of element e + i of W, at k + i (zero past K).
+fn w_elem(e: u32, k: u32, i: u32) -> u32 {
+  return select(0u, w_bits(e + i), k + i < p.k);
+}
+
+// 16-bit W: elements e + i, e + i + 1 packed into one word, the first in the low half.
+fn w_pair(e: u32, k: u32, i: u32) -> u32 {
+  return w_elem(e, k, i) | (w_elem(e, k, i + 1u) << 16u);
+}
+
+// Whether thread lid has x (W) slot j: always when the slots divide evenly among the threads.
+fn has_x(lid: u32, j: u32) -> bool {
+  return j < x_per_thread() && (x_slots() % threads() == 0u || lid + j * threads() < x_slots());
+}
+
+fn has_w(lid: u32, j: u32) -> bool {
+  return j < w_per_thread() && (w_slots() % threads() == 0u || lid + j * threads() < w_slots());
+}
+
+// Issues the loads of the step at k0; xo, wo: the origins of the thread's slots.
+fn fetch(lid: u32, xo: vec4<u32>, wo: vec4<u32>, k0: u32) -> Staged {
+  let t = threads();
+  var g: Staged;
+  if (has_x(lid, 0u)) {
+    g.x0 = fetch_x(lid, xo.x, k0);
+  }
+  if (has_x(lid, 1u)) {
+    g.x1 = fetch_x(lid + t, xo.y, k0);
+  }
+  if (has_x(lid, 2u)) {
+    g.x2 = fetch_x(lid + 2u * t, xo.z, k0);
+  }
+  if (has_x(lid, 3u)) {
+    g.x3 = fetch_x(lid + 3u * t, xo.w, k0);
+  }
+  if (NORM) {
+    if (has_x(lid, 0u)) {
+      g.n0 = fetch_nw(lid, k0);
+    }
+    if (has_x(lid, 1u)) {
+      g.n1 = fetch_nw(lid + t, k0);
+    }
+    if (has_x(lid, 2u)) {
+      g.n2 = fetch_nw(lid + 2u * t, k0);
+    }
+    if (has_x(lid, 3u)) {
+      g.n3 = fetch_nw(lid + 3u * t, k0);
+    }
+  }
+  if (has_w(lid, 0u)) {
+    g.w0 = fetch_w(lid, wo.x, k0);
+  }
+  if (has_w(lid, 1u)) {
+    g.w1 = fetch_w(lid + t, wo.y, k0);
+  }
+  if (has_w(lid, 2u)) {
+    g.w2 = fetch_w(lid + 2u * t, wo.z, k0);
+  }
+  if (has_w(lid, 3u)) {
+    g.w3 = fetch_w(lid + 3u * t, wo.w, k0);
+  }
+  return g;
+}
+
+// Stores x slot s (already scaled) into buffer b, transposed: element i at k-row 4 kq + i.
+fn put_x(s: u32, v: vec4<f32>, b: u32) {
+  let r = s / (BK / 4u);
+  let o = b * BK * ldx() + 4u * (s % (BK / 4u)) * ldx() + r; // float index; o % 4 == r % 4
+  let c = r % 4u;
+  xs[o / 4u][c] = v.x;
+  xs[(o + ldx()) / 4u][c] = v.y;
+  xs[(o + 2u * ldx()) / 4u][c] = v.z;
+  xs[(o + 3u * ldx()) / 4u][c] = v.w;
+}
+
+// Widens W slot s and stores it into buffer b, transposed.
+fn put_w(s: u32, q: vec4<u32>, b: u32) {
+  let n = s / (BK / wk());
+  let o = b * BK * ldw() + wk() * (s % (BK / wk())) * ldw() + n;
+  let c = n % 4u;
+  var lo = bitcast<vec4<f32>>(q);
+  if (WDTYPE != 0u) {
+    lo = vec4<f32>(unpack2(q.x), unpack2(q.y));
+  }
+  ws[o / 4u][c] = lo.x;
+  ws[(o + ldw()) / 4u][c] = lo.y;
+  ws[(o + 2u * ldw()) / 4u][c] = lo.z;
+  ws[(o + 3u * ldw()) / 4u][c] = lo.w;
+  if (WDTYPE != 0u) {
+    let hi = vec4<f32>(unpack2(q.z), unpack2(q.w));
+    ws[(o + 4u * ldw()) / 4u][c] = hi.x;
+    ws[(o + 5u * ldw()) / 4u][c] = hi.y;
+    ws[(o + 6u * ldw()) / 4u][c] = hi.z;
+    ws[(o + 7u * ldw()) / 4u][c] = hi.w;
+  }
+}
+
+// Stores the staged loads into buffer b (x scaled by the norm weights with NORM).
+fn stash(g: Staged, lid: u32, b: u32) {
+  let t = threads();
+  var x0 = g.x0;
+  var x1 = g.x1;
+  var x2 = g.x2;
+  var x3 = g.x3;
+  if (NORM) {
+    x0 *= g.n0;
+    x1 *= g.n1;
+    x2 *= g.n2;
+    x3 *= g.n3;
+  }
+  if (has_x(lid, 0u)) {
+    put_x(lid, x0, b);
+  }
+  if (has_x(lid, 1u)) {
+    put_x(lid + t, x1, b);
+  }
+  if (has_x(lid, 2u)) {
+    put_x(lid + 2u * t, x2, b);
+  }
+  if (has_x(lid, 3u)) {
+    put_x(lid + 3u * t, x3, b);
+  }
+  if (has_w(lid, 0u)) {
+    put_w(lid, g.w0, b);
+  }
+  if (has_w(lid, 1u)) {
+    put_w(lid + t, g.w1, b);
+  }
+  if (has_w(lid, 2u)) {
+    put_w(lid + 2u * t, g.w2, b);
+  }
+  if (has_w(lid, 3u)) {
+    put_w(lid + 3u * t, g.w3, b);
+  }
+}
+
+// One k: the thread's rows of x from xs[xa] (and xs[xa + BM / 8]), its columns of W from
+// ws[wa] (and ws[wa + BN / 8]), TM x TN multiply-adds.
+fn step(c: Acc, xa: u32, wa: u32) -> Acc {
+  var r = c;
+  let a0 = xs[xa];
+  let b0 = ws[wa];
+  var a1 = vec4<f32>(0.0);
+  var b1 = vec4<f32>(0.0);
+  if (TM == 8u) {
+    a1 = xs[xa + BM / 8u];
+  }
+  if (TN == 8u) {
+    b1 = ws[wa + BN / 8u];
+  }
+  r.s00 += a0.x * b0;
+  r.s10 += a0.y * b0;
+  r.s20 += a0.z * b0;
+  r.s30 += a0.w * b0;
+  if (TN == 8u) {
+    r.s01 += a0.x * b1;
+    r.s11 += a0.y * b1;
+    r.s21 += a0.z * b1;
+    r.s31 += a0.w * b1;
+  }
+  if (TM == 8u) {
+    r.s40 += a1.x * b0;
+    r.s50 += a1.y * b0;
+    r.s60 += a1.z * b0;
+    r.s70 += a1.w * b0;
+  }
+  if (TM == 8u && TN == 8u) {
+    r.s41 += a1.x * b1;
+    r.s51 += a1.y * b1;
+    r.s61 += a1.z * b1;
+    r.s71 += a1.w * b1;
+  }
+  return r;
+}
+
+// Eight k from k-rows xa, wa on, written out: a loop trip costs ~30 ns on an H200 whatever
+// its body (and may keep the driver from overlapping one trip's reads with the last's math).
+fn steps8(c: Acc, xa: u32, wa: u32) -> Acc {
+  let dx = ldx() / 4u; // vec4 per k-row
+  let dw = ldw() / 4u;
+  var r = step(c, xa, wa);
+  r = step(r, xa + dx, wa + dw);
+  r = step(r, xa + 2u * dx, wa + 2u * dw);
+  r = step(r, xa + 3u * dx, wa + 3u * dw);
+  r = step(r, xa + 4u * dx, wa + 4u * dw);
+  r = step(r, xa + 5u * dx, wa + 5u * dw);
+  r = step(r, xa + 6u * dx, wa + 6u * dw);
+  return step(r, xa + 7u * dx, wa + 7u * dw);
+}
+
+// Float i of xs (the NORM partial sums).
+fn xs_f(i: u32) -> f32 {
+  return xs[i / 4u][i % 4u];
+}
+
+// Sum of x^2 over row r of the tile: the BK / 4 partial sums the stagers left at xs floats
+// r * (BK / 4) .., written out (BK / 4 = 2, 4 or 8).
+fn row_ss(r: u32) -> f32 {
+  let i = r * (BK / 4u);
+  var s = xs_f(i) + xs_f(i + 1u);
+  if (BK >= 16u) {
+    s += xs_f(i + 2u) + xs_f(i + 3u);
+  }
+  if (BK == 32u) {
+    s += xs_f(i + 4u) + xs_f(i + 5u) + xs_f(i + 6u) + xs_f(i + 7u);
+  }
+  return s;
+}
+
+fn inv_rms(r: u32) -> vec4<f32> {
+  let s = vec4<f32>(row_ss(r), row_ss(r + 1u), row_ss(r + 2u), row_ss(r + 3u));
+  return inverseSqrt(s / f32(p.k) + p.eps);
+}
+
 // Writes row m of the thread's 4 product columns c0.. (c0 a multiple of 4).
 fn store(m: u32, c0: u32, v: vec4<f32>) {
   if (m >= p.m) {
@@ -86,100 +440,128 @@ fn store(m: u32, c0: u32, v: vec4<f32>) {
     store_out(m, c0 / 2u + 1u, v.z, v.w);
     return;
   }
-  for (var c = 0u; c < 4u; c++) {
-    store_out(m, c0 + c, v[c], 0.0);
-  }
+  store_out(m, c0, v.x, 0.0);
+  store_out(m, c0 + 1u, v.y, 0.0);
+  store_out(m, c0 + 2u, v.z, 0.0);
+  store_out(m, c0 + 3u, v.w, 0.0);
 }
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size((BM / TM) * (BN / TN))
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   // Workgroups are laid out [tile_m][tile_n]: neighbours share the x tile and walk W.
   let tiles_n = (cols() + BN - 1u) / BN;
   let g = wid.y * p.groups_x + wid.x;
   let m0 = (g / tiles_n) * BM;
   let n0 = (g % tiles_n) * BN;
-  let tx = lid % (BN / 4u); // this thread's columns: n0 + 4 tx ..
-  let ty = lid / (BN / 4u); // this thread's rows: m0 + 4 ty ..
+  let tx = lid % (BN / TN); // this thread's columns: n0 + 4 tx .. (and n0 + BN / 2 + 4 tx ..)
+  let ty = lid / (BN / TN); // this thread's rows: m0 + 4 ty .. (and m0 + BM / 2 + 4 ty ..)
 
-  // Loader roles: each thread fetches LK consecutive k of one row of each tile.
-  let lk = BK * BM / WG;
-  let lr = lid / (BK / lk); // tile row 0..63
-  let lk0 = (lid % (BK / lk)) * lk; // its first k in the step
-  let xm = m0 + lr;
-  let wn = n0 + lr; // column of the product
-  let wrow = col_row(min(wn, cols() - 1u)); // its row of W (used when wn < cols())
-
-  var acc0 = vec4<f32>(0.0); // row m0 + 4 ty, columns n0 + 4 tx ..
-  var acc1 = vec4<f32>(0.0);
-  var acc2 = vec4<f32>(0.0);
-  var acc3 = vec4<f32>(0.0);
-  var ss = 0.0; // NORM: this loader's share of sum(x[xm, :]^2)
+  var acc: Acc;
+  var ss = vec4<f32>(0.0); // NORM: sum of x^2 of x slot j, in component j
+  // Origins of the thread's slots, computed once (a row of W behind a SWIGLU column costs a
+  // division).
+  let t = threads();
+  let xo = vec4<u32>(x_origin(lid, m0), x_origin(lid + t, m0), x_origin(lid + 2u * t, m0),
+    x_origin(lid + 3u * t, m0));
+  let wo = vec4<u32>(w_origin(lid, n0), w_origin(lid + t, n0), w_origin(lid + 2u * t, n0),
+    w_origin(lid + 3u * t, n0));
+  var staged = fetch(lid, xo, wo, 0u);
+  var b = 0u;
   for (var k0 = 0u; k0 < p.k; k0 += BK) {
-    for (var c = 0u; c < lk; c += 2u) {
-      let kt = lk0 + c;
-      let k = k0 + kt;
-      var xv = vec2<f32>(0.0);
-      if (xm < p.m) {
-        if (k + 1u < p.k) {
-          xv = vec2<f32>(x[xm * p.k + k], x[xm * p.k + k + 1u]);
-        } else if (k < p.k) {
-          xv.x = x[xm * p.k + k];
-        }
-      }
-      if (NORM) {
-        ss += dot(xv, xv);
-        if (k + 1u < p.k) {
-          xv *= vec2<f32>(nw[k], nw[k + 1u]);
-        } else if (k < p.k) {
-          xv.x *= nw[k];
-        }
-      }
-      var wv = vec2<f32>(0.0);
-      if (wn < cols()) {
-        if (PAIRS && k + 1u < p.k) {
-          // K even: elements k, k + 1 (k even) share one u32 word.
-          wv = unpack2(w[(wrow * p.k + k) >> 1u]);
-        } else if (k + 1u < p.k) {
-          wv = vec2<f32>(weight_at(wrow * p.k + k), weight_at(wrow * p.k + k + 1u));
-        } else if (k < p.k) {
-          wv.x = weight_at(wrow * p.k + k);
-        }
-      }
-      xt[(kt * BM + lr) / 4u][lr % 4u] = xv.x;
-      xt[((kt + 1u) * BM + lr) / 4u][lr % 4u] = xv.y;
-      wt[(kt * BN + lr) / 4u][lr % 4u] = wv.x;
-      wt[((kt + 1u) * BN + lr) / 4u][lr % 4u] = wv.y;
+    if (NORM) {
+      ss += vec4<f32>(dot(staged.x0, staged.x0), dot(staged.x1, staged.x1),
+        dot(staged.x2, staged.x2), dot(staged.x3, staged.x3));
     }
+    stash(staged, lid, b);
     workgroupBarrier();
-    for (var kt = 0u; kt < BK; kt++) {
-      let a = xt[kt * (BM / 4u) + ty];
-      let b = wt[kt * (BN / 4u) + tx];
-      acc0 += a.x * b;
-      acc1 += a.y * b;
-      acc2 += a.z * b;
-      acc3 += a.w * b;
+    if (k0 + BK < p.k) {
+      staged = fetch(lid, xo, wo, k0 + BK); // in flight during this step's arithmetic
     }
-    workgroupBarrier();
+    // The step's BK k, 8 at a time (8 k-rows: 2 ldx() vec4), no loop.
+    let xa = b * BK * ldx() / 4u + ty;
+    let wa = b * BK * ldw() / 4u + tx;
+    acc = steps8(acc, xa, wa);
+    if (BK >= 16u) {
+      acc = steps8(acc, xa + 2u * ldx(), wa + 2u * ldw());
+    }
+    if (BK == 32u) {
+      acc = steps8(acc, xa + 4u * ldx(), wa + 4u * ldw());
+      acc = steps8(acc, xa + 6u * ldx(), wa + 6u * ldw());
+    }
+    if (BUFS == 1u) {
+      workgroupBarrier(); // everyone is done with the tiles before they are overwritten
+    } else {
+      b ^= 1u;
+    }
   }
 
   if (NORM) {
-    // Loader lid owns row lid / 4 (WG / BM = 4 loaders per row): its partial sum goes to lane
-    // lid % 4 of xt[lid / 4], so xt[r] holds the four partials of row m0 + r.
-    xt[lid / 4u][lid % 4u] = ss;
+    // x slot s's partial sum goes to float s of xs: row s / (BK / 4) owns floats
+    // r * (BK / 4) .. + BK / 4 (xs holds BK * (BM + PAD) >= BM * BK / 4 floats).
     workgroupBarrier();
-    let one = vec4<f32>(1.0);
-    let r = 4u * ty;
-    let sums = vec4<f32>(dot(xt[r], one), dot(xt[r + 1u], one), dot(xt[r + 2u], one),
-      dot(xt[r + 3u], one));
-    let inv = inverseSqrt(sums / f32(p.k) + p.eps);
-    acc0 *= inv.x;
-    acc1 *= inv.y;
-    acc2 *= inv.z;
-    acc3 *= inv.w;
+    if (has_x(lid, 0u)) {
+      xs[lid / 4u][lid % 4u] = ss.x;
+    }
+    if (has_x(lid, 1u)) {
+      xs[(lid + t) / 4u][lid % 4u] = ss.y; // t is a multiple of 4
+    }
+    if (has_x(lid, 2u)) {
+      xs[(lid + 2u * t) / 4u][lid % 4u] = ss.z;
+    }
+    if (has_x(lid, 3u)) {
+      xs[(lid + 3u * t) / 4u][lid % 4u] = ss.w;
+    }
+    workgroupBarrier();
+    let lo = inv_rms(4u * ty);
+    acc.s00 *= lo.x;
+    acc.s10 *= lo.y;
+    acc.s20 *= lo.z;
+    acc.s30 *= lo.w;
+    if (TN == 8u) {
+      acc.s01 *= lo.x;
+      acc.s11 *= lo.y;
+      acc.s21 *= lo.z;
+      acc.s31 *= lo.w;
+    }
+    if (TM == 8u) {
+      let hi = inv_rms(BM / 2u + 4u * ty);
+      acc.s40 *= hi.x;
+      acc.s50 *= hi.y;
+      acc.s60 *= hi.z;
+      acc.s70 *= hi.w;
+      if (TN == 8u) {
+        acc.s41 *= hi.x;
+        acc.s51 *= hi.y;
+        acc.s61 *= hi.z;
+        acc.s71 *= hi.w;
+      }
+    }
   }
 
-  store(m0 + 4u * ty, n0 + 4u * tx, acc0);
-  store(m0 + 4u * ty + 1u, n0 + 4u * tx, acc1);
-  store(m0 + 4u * ty + 2u, n0 + 4u * tx, acc2);
-  store(m0 + 4u * ty + 3u, n0 + 4u * tx, acc3);
+  let r0 = m0 + 4u * ty;
+  let c0 = n0 + 4u * tx;
+  store(r0, c0, acc.s00);
+  store(r0 + 1u, c0, acc.s10);
+  store(r0 + 2u, c0, acc.s20);
+  store(r0 + 3u, c0, acc.s30);
+  let c1 = c0 + BN / 2u;
+  if (TN == 8u) {
+    store(r0, c1, acc.s01);
+    store(r0 + 1u, c1, acc.s11);
+    store(r0 + 2u, c1, acc.s21);
+    store(r0 + 3u, c1, acc.s31);
+  }
+  if (TM == 8u) {
+    let r1 = r0 + BM / 2u;
+    store(r1, c0, acc.s40);
+    store(r1 + 1u, c0, acc.s50);
+    store(r1 + 2u, c0, acc.s60);
+    store(r1 + 3u, c0, acc.s70);
+    if (TN == 8u) {
+      store(r1, c1, acc.s41);
+      store(r1 + 1u, c1, acc.s51);
+      store(r1 + 2u, c1, acc.s61);
+      store(r1 + 3u, c1, acc.s71);
+    }
+  }
 }

@@ -517,7 +517,7 @@ Deno.test("attention decode: one pass when the batch fills the GPU or the contex
     assert.equal(bytes === 0, ds.length === 1, `${ds[0].label}: ${bytes} bytes of scratch`);
     return ds.map((d) => d.label.replace(/^.* L0 \S+ /, "")).join(" + ");
   };
-  assert.equal(plan(32, 2048), "single pass");
+  assert.equal(plan(32, 2048), "2 splits + combine");
   assert.equal(plan(64, 4096), "single pass");
   assert.equal(plan(1, 256), "single pass");
   assert.equal(plan(1, 2048), "32 splits + combine");

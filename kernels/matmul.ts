@@ -2,12 +2,13 @@
  * Linear layers: `y[m, n] (+)= Σ_k x[m, k] W[n, k] (+ bias[n])` with W in the Hugging Face
  * `[out, in]` layout and any weight dtype, x and y f32. Three kernels, picked by M:
  *
- * - `small` (kernels/matmul_small.wgsl): decode batches and short prompts, 1 ≤ M ≤ 64, K a
- *   multiple of 8 (16-bit W) or 4 (f32 W). Register-blocked: a thread holds 4 rows of W × rm
+ * - `small` (kernels/matmul_small.wgsl): decode batches and short prompts, 1 ≤ M ≤ 64 (below
+ *   32 for products at least 4× wider than deep), K a multiple of 8 (16-bit W) or 4 (f32 W). Register-blocked: a thread holds 4 rows of W × rm
  *   rows of x (rm ≤ 8), so each 16-byte load of W is applied to rm rows of x from registers and
  *   each load of x to 4 rows of W. Many small tiles, K split over the threads of a workgroup
  *   and reduced in workgroup memory; launch shape from {@linkcode smallTuning}.
- * - `tiled` (kernels/matmul.wgsl): prefill, M > 64. Classic SGEMM register blocking: a
+ * - `tiled` (kernels/matmul.wgsl): prefill, M > 64, and the wide products (gate/up, LM head)
+ *   of decode batches from 32 rows (`WIDE_TILED_M`). Classic SGEMM register blocking: a
  *   workgroup owns a bm × bn tile of y (up to 128 × 128), a thread a tm × tn block of it (up to
  *   8 × 8: 64 multiply-adds per 4 vec4 reads of workgroup memory), K in steps of bk staged
  *   through workgroup memory with the next step's 16-byte global loads in flight in registers;
@@ -230,9 +231,19 @@ export interface MatmulOptions {
 /** Largest M the `small` kernel takes by default; longer prompts go to `tiled`. */
 export const SMALL_MAX_M = 64;
 
+/**
+ * Rows of x from which products much wider than deep (W at least 4× as many rows as columns:
+ * gate/up, the LM head) go to `tiled` even within `small`'s range. H200, TinyLlama f16, µs per
+ * call, `small` vs `tiled` 32 × 64 tiles of 4 × 4: gate/up 105 vs 99 at M = 32, 200 vs 135 at 64;
+ * LM head 283 vs 216, 512 vs 364. Narrower products stay `small` (QKV at M = 32: 30 vs 80): a
+ * 32-row tile leaves most of the GPU idle for N ≤ 2560.
+ */
+const WIDE_TILED_M = 32;
+
 /** The kernel {@linkcode matmulDispatch} picks for `m` rows of x times `w`. */
 export function matmulPath(m: number, w: WeightBuffer): MatmulPath {
   if (m > SMALL_MAX_M) return "tiled";
+  if (m >= WIDE_TILED_M && w.rows >= 4 * w.cols) return "tiled";
   return w.cols % unitWidth(w.dtype) === 0 ? "small" : "naive";
 }
 
@@ -361,6 +372,8 @@ const TILED_CPU: TiledTuning = { bm: 64, bn: 64, tm: 4, tn: 4, bk: 8, bufs: 1 };
 export function tiledTuning(gpu: Gpu, opts: TiledTuningOptions): TiledTuning {
   if (isCpuAdapter(gpu)) return TILED_CPU;
   const { m, cols } = opts;
+  // Decode batches (wide products only, see WIDE_TILED_M): 32-row tiles, the measured best.
+  if (m <= SMALL_MAX_M) return { bm: 32, bn: 64, tm: 4, tn: 4, bk: 16, bufs: 2 };
   const launch = (s: (typeof TILED_SHAPES)[number]) => {
     const groups = Math.ceil(m / s.bm) * Math.ceil(cols / s.bn);
     return { groups, threads: groups * (s.bm / s.tm) * (s.bn / s.tn) };

@@ -180,6 +180,9 @@ const MATMUL_CASES: MatmulCase[] = [
   { m: 33, n: 37, k: 64, dtype: "f32", path: "small" },
   { m: 63, n: 37, k: 64, dtype: "f16", path: "small" },
   { m: 64, n: 33, k: 1032, dtype: "bf16", path: "small", bias: true },
+  // a product 4x wider than deep (gate/up, LM head): tiled from 32 rows of x, small below
+  { m: 32, n: 300, k: 64, dtype: "f16", path: "tiled", bias: true },
+  { m: 31, n: 300, k: 64, dtype: "f16", path: "small" },
   // small, launch shapes other than the default: a partial last row tile of several row
   // groups; more K lanes than units (idle lanes); one row per thread over several row tiles
   { m: 33, n: 101, k: 256, dtype: "f16", path: "small", small: { rm: 4, tm: 4, tn: 2, tk: 8 } },

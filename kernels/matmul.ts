@@ -321,6 +321,10 @@ export interface TiledTuningOptions {
   m: number;
   /** Columns of the product: N, or 2F with swiglu (gate and up both count). */
   cols: number;
+  /** RMSNorm folded in. */
+  norm?: boolean;
+  /** SwiGLU (gate/up) product. */
+  swiglu?: boolean;
 }
 
 /**
@@ -368,12 +372,18 @@ const TILED_CPU: TiledTuning = { bm: 64, bn: 64, tm: 4, tn: 4, bk: 8, bufs: 1 };
  * choice vs the best variant tried): M = 256: qkv 16.8, o 23.6, gate/up 24.0, down 23.5, LM
  * head 34.5 (all the best of 7 shapes); M = 512: qkv 15.4 (19.8 with 128 × 128), o 29.9,
  * gate/up 31.8, down 31.6, LM head 35.0. The previous 64 × 64 / 4 × 4 kernel reached 11–17.
+ * Two measured exceptions: the normed projection without SwiGLU (QKV) is fastest in 32 × 64
+ * tiles of 4 × 4 (µs at M = 256 / 512: 135 / 235, against 160 / 349 for the shape above), and
+ * gate/up up to 256 rows in 64 × 128 tiles with K steps of 8 (384 against 492 µs at M = 256).
  */
 export function tiledTuning(gpu: Gpu, opts: TiledTuningOptions): TiledTuning {
   if (isCpuAdapter(gpu)) return TILED_CPU;
   const { m, cols } = opts;
   // Decode batches (wide products only, see WIDE_TILED_M): 32-row tiles, the measured best.
-  if (m <= SMALL_MAX_M) return { bm: 32, bn: 64, tm: 4, tn: 4, bk: 16, bufs: 2 };
+  if (m <= SMALL_MAX_M || (opts.norm && !opts.swiglu)) {
+    return { bm: 32, bn: 64, tm: 4, tn: 4, bk: 16, bufs: 2 };
+  }
+  if (opts.swiglu && m <= 256) return { bm: 64, bn: 128, tm: 8, tn: 8, bk: 8, bufs: 2 };
   const launch = (s: (typeof TILED_SHAPES)[number]) => {
     const groups = Math.ceil(m / s.bm) * Math.ceil(cols / s.bn);
     return { groups, threads: groups * (s.bm / s.tm) * (s.bn / s.tn) };
@@ -467,7 +477,10 @@ export function matmulDispatch(gpu: Gpu, buffers: MatmulBuffers, opts: MatmulOpt
     };
   }
   if (path === "tiled") {
-    const t = { ...tiledTuning(gpu, { m, cols }), ...opts.tiled };
+    const t = {
+      ...tiledTuning(gpu, { m, cols, norm: !!normWeight, swiglu: !!opts.swiglu }),
+      ...opts.tiled,
+    };
     checkTiled(gpu, label, t, w.dtype);
     const groups = grid(Math.ceil(m / t.bm) * Math.ceil(cols / t.bn));
     const pipe = pipeline(gpu, "matmul.wgsl", {

@@ -378,6 +378,19 @@ const TILED_CASES: TiledCase[] = [
   // M <= 64 (a decode batch) with a short tile, K steps of 8; K steps of 32
   { m: 40, n: 130, k: 72, dtype: "f16", tiled: tile(32, 128, 8, 8, 8), norm: true, bias: true },
   { m: 70, n: 45, k: 96, dtype: "f16", tiled: tile(64, 64, 4, 8, 32, 1), accumulate: true },
+  // the GPU defaults of the engine's projections: gate/up at 512 and at <= 256 rows, QKV
+  {
+    m: 140,
+    n: 150,
+    k: 64,
+    dtype: "f16",
+    tiled: tile(128, 128, 8, 8, 8),
+    swiglu: true,
+    norm: true,
+    block: 1,
+  },
+  { m: 90, n: 70, k: 72, dtype: "f16", tiled: tile(64, 128, 8, 8, 8), swiglu: true, norm: true },
+  { m: 300, n: 99, k: 64, dtype: "f16", tiled: tile(32, 64, 4, 4), norm: true, bias: true },
 ];
 
 Deno.test("matmul tiled: forced launch shapes, partial tiles, odd K, fusions", async () => {

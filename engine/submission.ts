@@ -50,6 +50,7 @@ export class Submission {
   readonly #staging: GPUBuffer;
   readonly #top?: GPUBuffer;
   #cb?: GPUCommandBuffer;
+  #state: "encoded" | "submitted" | "discarded" = "encoded";
   #errors: Promise<GPUError | null>[] = [];
   #done?: Promise<void>;
 
@@ -92,28 +93,29 @@ export class Submission {
     this.#errors.push(invalid, oom);
   }
 
-  /** Whether {@linkcode submit} has run. */
-  get submitted(): boolean {
-    return this.#cb === undefined;
-  }
-
   /** Submits the encoded command buffer (once). */
   submit(): void {
-    if (!this.#cb) throw new Error("internal error: a submission was submitted twice");
+    if (this.#state !== "encoded") {
+      throw new Error(`internal error: a submission was submitted when ${this.#state}`);
+    }
     const dev = this.decoder.gpu.device;
     const t0 = performance.now();
     dev.pushErrorScope("validation");
     dev.pushErrorScope("out-of-memory");
-    dev.queue.submit([this.#cb]);
+    dev.queue.submit([this.#cb!]);
     this.#cb = undefined;
+    this.#state = "submitted";
     this.#scoped();
     this.hostMs += performance.now() - t0;
   }
 
   /** Drops a submission that was never submitted (its command buffer is never run). */
   discard(): void {
-    if (!this.#cb) throw new Error("internal error: a submitted submission was discarded");
+    if (this.#state !== "encoded") {
+      throw new Error(`internal error: a submission was discarded when ${this.#state}`);
+    }
     this.#cb = undefined;
+    this.#state = "discarded";
     this.#staging.destroy();
     this.#top?.destroy();
   }
@@ -126,7 +128,9 @@ export class Submission {
    * @throws Error ("internal error") when read before {@linkcode submit}.
    */
   get done(): Promise<void> {
-    if (this.#cb) throw new Error("internal error: a submission was read before it was submitted");
+    if (this.#state !== "submitted") {
+      throw new Error(`internal error: a submission was read when ${this.#state}`);
+    }
     this.#done ??= Promise.all([
       ...this.#errors,
       this.#staging.mapAsync(GPUMapMode.READ),

@@ -1,10 +1,15 @@
-/** A submission the GPU rejects fails its requests with the GPU's message, and the engine goes on. */
+/**
+ * A submission the GPU rejects fails its requests with the GPU's message, and the engine goes on;
+ * a submission is encoded, then submitted or discarded, then read, in that order only.
+ */
 import assert from "node:assert/strict";
 import { Engine } from "../engine/engine.ts";
 import { sampling } from "../engine/api.ts";
 import { Submission } from "../engine/submission.ts";
 import { makeTestModel } from "../scripts/make_test_model.ts";
 import { bindGroup, pipeline } from "../kernels/dispatch.ts";
+import { fillRandomDispatch } from "../kernels/fill_random.ts";
+import { createStorage, readF32 } from "../engine/gpu.ts";
 import { testGpu } from "./util.ts";
 
 Deno.test("submission: a GPU validation error rejects `done` with the GPU's message", async () => {
@@ -31,15 +36,44 @@ Deno.test("submission: a GPU validation error rejects `done` with the GPU's mess
       slots: [undefined, undefined],
       top: false,
     });
-    assert.throws(() => sub.done, /read before it was submitted/);
+    assert.throws(() => sub.done, /read when encoded/);
     sub.submit();
-    assert.throws(() => sub.submit(), /submitted twice/);
+    assert.throws(() => sub.submit(), /submitted when submitted/);
+    assert.throws(() => sub.discard(), /discarded when submitted/);
     await assert.rejects(sub.done, /internal error: the GPU rejected a submission/);
     // The engine still serves.
     const gen = engine.generate({ promptIds: [1, 2, 3], sampling: sampling({ maxTokens: 4 }) });
     let n = 0;
     for await (const _ of gen) n++;
     assert.equal(n, 4);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("submission: a discarded submission never runs", async () => {
+  const gpu = await testGpu();
+  const dir = await Deno.makeTempDir({ prefix: "strata-sub-" });
+  try {
+    await makeTestModel(dir, { arch: "llama", dtype: "f16", hidden: 64, heads: 2, kvHeads: 1 });
+    const engine = await Engine.load(dir, { maxSlots: 1, contextLength: 64 });
+    const target = createStorage(gpu, 64 * 4);
+    const fill = fillRandomDispatch(gpu, target, { count: 64, dtype: "f32", scale: 1, seed: 3 });
+    const o = { region: 0, steps: 0, slots: [undefined], top: false };
+    const dropped = new Submission(engine.decoder, [fill], o);
+    dropped.discard();
+    assert.throws(() => dropped.submit(), /submitted when discarded/);
+    assert.throws(() => dropped.done, /read when discarded/);
+    // Anything submitted later is done only after the GPU is idle: the target is still zeros.
+    const later = new Submission(engine.decoder, [], o);
+    later.submit();
+    await later.done;
+    assert.deepEqual([...await readF32(gpu, target, 64)], new Array(64).fill(0));
+    // The same dispatch, submitted, does write it.
+    const kept = new Submission(engine.decoder, [fill], o);
+    kept.submit();
+    await kept.done;
+    assert.ok((await readF32(gpu, target, 64)).some((v) => v !== 0));
   } finally {
     await Deno.remove(dir, { recursive: true });
   }

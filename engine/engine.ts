@@ -307,7 +307,9 @@ export class Engine implements EngineLike {
     while (true) {
       this.#admit();
       const active = this.#slots.some((s) => s && !s.finished && !s.gpuFinished);
-      if (!active) this.#dropHeld(); // its sequences ended on the host meanwhile
+      // The held submission is submitted before every await, so neither of these drops ever
+      // finds one today; they keep a buffer encoded for another batch from ever running.
+      if (!active) this.#dropHeld();
       if (active && !this.#held) {
         this.#held = this.#encodeDecode();
         continue;
@@ -355,7 +357,7 @@ export class Engine implements EngineLike {
       seq.blocks.reserve(total);
       seq.slot = slot;
       this.#slots[slot] = seq;
-      this.#dropHeld(); // encoded without this sequence's slot
+      this.#dropHeld(); // it would lack this sequence's slot (see #loop)
       this.#prefill(seq);
       this.#nextK = 1;
     }

@@ -121,10 +121,19 @@ Deno.test("engine: tokens do not depend on batch composition or steps per submis
     ]];
     const seeded = (seed: number) =>
       greedy(20, { temperature: 0.9, topP: 0.95, topK: 40, seed: BigInt(seed) });
-    const run = async (engine: Engine, together: boolean) => {
+    const run = async (engine: Engine, together: boolean | "staggered") => {
       const jobs = prompts.map((p, i) => () =>
         collect(engine, p, i === 1 ? greedy(20) : seeded(i))
       );
+      if (together === "staggered") {
+        // The others arrive while the first decodes (admitted between its submissions).
+        const first = jobs[0]();
+        const start = engine.hostStats().submissions;
+        while (engine.hostStats().submissions < start + 3) {
+          await new Promise((r) => setTimeout(r, 1));
+        }
+        return await Promise.all([first, ...jobs.slice(1).map((j) => j())]);
+      }
       if (together) return await Promise.all(jobs.map((j) => j()));
       const out = [];
       for (const j of jobs) out.push(await j());
@@ -142,8 +151,15 @@ Deno.test("engine: tokens do not depend on batch composition or steps per submis
     const deep = await Engine.load(dir, { maxSlots: 4, contextLength: 64, queueDepth: 4 });
     const alone = await run(one, false);
     const batched = await run(many, true);
-    for (const [name, engine] of [["shallow", shallow], ["deep", deep]] as const) {
-      const got = await run(engine, true);
+    const late = await Engine.load(dir, { maxSlots: 4, contextLength: 64, maxSteps: 2 });
+    for (
+      const [name, engine, mode] of [
+        ["shallow", shallow, true],
+        ["deep", deep, true],
+        ["staggered", late, "staggered"],
+      ] as const
+    ) {
+      const got = await run(engine, mode);
       for (let i = 0; i < prompts.length; i++) {
         assert.deepEqual(got[i].tokens, alone[i].tokens, `${name} queue, prompt ${i}`);
       }

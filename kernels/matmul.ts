@@ -3,10 +3,11 @@
  * `[out, in]` layout and any weight dtype, x and y f32. Three kernels, picked by M:
  *
  * - `small` (kernels/matmul_small.wgsl): decode batches and short prompts, 1 ≤ M ≤ 64 (below
- *   32 for products at least 4× wider than deep), K a multiple of 8 (16-bit W) or 4 (f32 W). Register-blocked: a thread holds 4 rows of W × rm
- *   rows of x (rm ≤ 8), so each 16-byte load of W is applied to rm rows of x from registers and
- *   each load of x to 4 rows of W. Many small tiles, K split over the threads of a workgroup
- *   and reduced in workgroup memory; launch shape from {@linkcode smallTuning}.
+ *   32 for products at least 4× wider than deep), K a multiple of 8 (16-bit W) or 4 (f32 W).
+ *   Register-blocked: a thread holds 4 rows of W × rm rows of x (rm ≤ 8), so each 16-byte load
+ *   of W is applied to rm rows of x from registers and each load of x to 4 rows of W. Many
+ *   small tiles, K split over the threads of a workgroup and reduced in workgroup memory;
+ *   launch shape from {@linkcode smallTuning}.
  * - `tiled` (kernels/matmul.wgsl): prefill, M > 64, and the wide products (gate/up, LM head)
  *   of decode batches from 32 rows (`WIDE_TILED_M`). Classic SGEMM register blocking: a
  *   workgroup owns a bm × bn tile of y (up to 128 × 128), a thread a tm × tn block of it (up to
@@ -361,20 +362,25 @@ const TILED_GROUPS = 128;
 const TILED_CPU: TiledTuning = { bm: 64, bn: 64, tm: 4, tn: 4, bk: 8, bufs: 1 };
 
 /**
- * Default `tiled` launch shape for `m` rows of x into `cols` product columns: the first of
- * {@linkcode TILED_SHAPES} whose launch has at least {@linkcode TILED_THREADS} threads in
- * {@linkcode TILED_GROUPS} workgroups, else the last (the most threads); K steps of 16 (8 for
- * 128 × 128 tiles), two buffers (one where two do not fit). E.g. TinyLlama, M = 256: qkv, o,
- * down 64 × 64 of 8 × 4 (128 to 160 workgroups), gate/up and the LM head 128 × 128 of 8 × 8;
- * M = 512: qkv, o, down 64 × 128 of 8 × 8. CPU adapters get {@linkcode TILED_CPU}.
+ * Default `tiled` launch shape for `m` rows of x into `cols` product columns. CPU adapters get
+ * {@linkcode TILED_CPU}. On GPUs, three measured special cases come first:
  *
- * Measured on the H200 (scripts/sweep_kernels.ts, TinyLlama f16, TFLOP/s of f32 FMA, this
- * choice vs the best variant tried): M = 256: qkv 16.8, o 23.6, gate/up 24.0, down 23.5, LM
- * head 34.5 (all the best of 7 shapes); M = 512: qkv 15.4 (19.8 with 128 × 128), o 29.9,
- * gate/up 31.8, down 31.6, LM head 35.0. The previous 64 × 64 / 4 × 4 kernel reached 11–17.
- * Two measured exceptions: the normed projection without SwiGLU (QKV) is fastest in 32 × 64
- * tiles of 4 × 4 (µs at M = 256 / 512: 135 / 235, against 160 / 349 for the shape above), and
- * gate/up up to 256 rows in 64 × 128 tiles with K steps of 8 (384 against 492 µs at M = 256).
+ * - M ≤ 64 (the wide products of decode batches, see `WIDE_TILED_M`): 32 × 64 tiles of 4 × 4.
+ * - A normed product without SwiGLU (QKV): the same 32 × 64 tiles of 4 × 4 (H200, TinyLlama,
+ *   µs at M = 256 / 512: 135 / 235, against 160 / 349 with the general rule's choice).
+ * - SwiGLU (gate/up) up to 256 rows: 64 × 128 tiles of 8 × 8, K steps of 8 (384 against 492 µs
+ *   at M = 256).
+ *
+ * Otherwise the first of {@linkcode TILED_SHAPES} whose launch has at least
+ * {@linkcode TILED_THREADS} threads in {@linkcode TILED_GROUPS} workgroups, else the last (the
+ * most threads); K steps of 16 (8 for 128 × 128 tiles), two buffers (one where two do not
+ * fit). E.g. TinyLlama at M = 256: o and down 64 × 64 of 8 × 4, the LM head 128 × 128; at
+ * M = 512: o and down 64 × 128 of 8 × 8, gate/up and the LM head 128 × 128.
+ *
+ * Measured on the H200 (scripts/sweep_kernels.ts, TinyLlama f16, TFLOP/s of f32 FMA; the
+ * best of 6–8 shapes tried unless noted): M = 256: qkv 19.9, o 23.6, gate/up 30.7, down 23.5,
+ * LM head 34.5; M = 512: qkv 22.8, o 29.9, gate/up 31.8, down 31.6, LM head 35.0 (31.0 with K
+ * steps of 16). The previous 64 × 64 / 4 × 4 kernel reached 11–17.
  */
 export function tiledTuning(gpu: Gpu, opts: TiledTuningOptions): TiledTuning {
   if (isCpuAdapter(gpu)) return TILED_CPU;

@@ -41,7 +41,8 @@ const gpu = await getGpu();
 console.log(`adapter: ${gpu.adapterName}`);
 const tiny = (extra: string, body: string) =>
   `${head}${extra}
-@compute @workgroup_size(256) fn main(@builtin(workgroup_id) w: vec3u, @builtin(local_invocation_index) l: u32) {
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) w: vec3u, @builtin(local_invocation_index) l: u32) {
   var v = a[l];
 ${body}
   o[w.x * 256u + l] = o[w.x * 256u + l] + v;

@@ -5,10 +5,11 @@
  * fills the GPU or the context is short, else split along the KV length (flash-decoding) with a
  * parallel `combine`. See kernels/attention_decode.wgsl for the kernel and why it looks this way.
  *
- * The split heuristic's constants below are reasoned from the H200's shape (132 SMs), not
- * measured: compare them with `deno run -A scripts/sweep_kernels.ts --m 1 --batches 1,8,32
- * --contexts 640,2048,4096 --attn-variants '[{}, {"splitSize": 64}, {"splitSize": 1e9}]'`
- * (default, one split per 64-key chunk, single pass).
+ * The split heuristic's constants below are reasoned from the H200's shape (132 SMs); the
+ * single-pass threshold (`FULL_GPU`) was checked against split counts at batch 8 and 32 there.
+ * Compare them with `deno run -A scripts/sweep_kernels.ts --variants '[]' --batches 1,8,32
+ * --contexts 640,2048 --attn-variants '[{}, {"splitSize": 64}, {"splitSize": 1e9}]'` (default,
+ * one split per 64-key chunk, single pass).
  */
 import { createStorage, type Gpu, isCpuAdapter } from "../engine/gpu.ts";
 import { bindGroup, type Dispatch, params, pipeline, uniform, wgsl } from "./dispatch.ts";

@@ -1,10 +1,12 @@
-// GPU time per dispatch of tiny kernels, 22 dependent dispatches per timed pass: launch and
-// drain, workgroup memory, barriers, chains of dependent loads, and what a loop trip costs next
-// to the same work in straight-line code (on the H200 a trip costs ~30 ns: naga bounds every
+// GPU time per dispatch of tiny kernels, 22 dependent dispatches per timed pass (timed as in
+// scripts/sweep_kernels.ts, after ≈ 30 ms of warm-up): launch and drain, workgroup memory,
+// barriers, chains of dependent loads, and what a loop trip costs next to the same work in
+// straight-line code (on the H200 a trip costs ~30 ns: naga bounds every
 // loop, and the decode attention kernel lost half its time to loops of 8-64 trips).
 //   deno run -A scripts/probe_dispatch.ts
 import { createStorage, getGpu, type Gpu } from "../engine/gpu.ts";
-import { timePasses } from "../engine/gpu_timing.ts";
+import type { Dispatch } from "../kernels/dispatch.ts";
+import { timeCalls } from "./sweep_kernels.ts";
 
 async function time(gpu: Gpu, name: string, code: string, wgs: number): Promise<void> {
   const d = gpu.device;
@@ -18,20 +20,9 @@ async function time(gpu: Gpu, name: string, code: string, wgs: number): Promise<
     layout: pl.getBindGroupLayout(0),
     entries: [{ binding: 0, resource: { buffer: a } }, { binding: 1, resource: { buffer: o } }],
   });
-  const body = (p: GPUComputePassEncoder) => {
-    for (let i = 0; i < 22; i++) {
-      p.setPipeline(pl);
-      p.setBindGroup(0, bg);
-      p.dispatchWorkgroups(wgs);
-    }
-  };
-  const ns: number[] = [];
-  for (let i = 0; i < 7; i++) {
-    const all = await timePasses(gpu, new Array(201).fill(body));
-    ns.push(all[200]);
-  }
-  ns.sort((x, y) => x - y);
-  console.log(`${name.padEnd(48)} ${(ns[3] / 1000 / 22).toFixed(2).padStart(7)} µs/dispatch`);
+  const call: Dispatch = { label: name, pipeline: pl, bindGroup: bg, workgroups: [wgs, 1, 1] };
+  const us = await timeCalls(gpu, new Array(22).fill(call), 7);
+  console.log(`${name.padEnd(48)} ${us.toFixed(2).padStart(7)} µs/dispatch`);
 }
 
 const head = `@group(0) @binding(0) var<storage, read> a: array<u32>;

@@ -36,7 +36,11 @@ export interface SweepRow {
  * compiles pipelines, so every timed pass follows ≈ 30 ms of the same work in the same
  * submission (measured after a first untimed run sizes it).
  */
-async function timeCalls(gpu: Gpu, calls: Dispatch[], iterations: number): Promise<number> {
+export async function timeCalls(
+  gpu: Gpu,
+  calls: Dispatch[],
+  iterations: number,
+): Promise<number> {
   const body = (pass: GPUComputePassEncoder) => encode(pass, calls);
   const [first] = await timePasses(gpu, [body]);
   const warm = Math.min(200, Math.ceil(30e6 / Math.max(first, 1)));
@@ -49,7 +53,8 @@ async function timeCalls(gpu: Gpu, calls: Dispatch[], iterations: number): Promi
   return ns[ns.length >> 1] / 1000 / calls.length;
 }
 
-function random(gpu: Gpu, floats: number, seed: number): GPUBuffer {
+/** A storage buffer of `floats` uniform random f32 in [-1, 1), filled on the GPU. */
+export function random(gpu: Gpu, floats: number, seed: number): GPUBuffer {
   const b = createStorage(gpu, floats * 4, undefined, "sweep random");
   const d = fillRandomDispatch(gpu, b, { count: floats, dtype: "f32", scale: 1, seed });
   const enc = gpu.device.createCommandEncoder();

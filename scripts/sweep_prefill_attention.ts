@@ -8,34 +8,10 @@
  *     [--variants '[{}, {"tileRows": 64, "tileKeys": 32}]'] [--iterations 5]
  */
 import { parseArgs } from "node:util";
-import { createStorage, getGpu, type Gpu } from "../engine/gpu.ts";
-import { timePasses } from "../engine/gpu_timing.ts";
-import { type Dispatch, encode } from "../kernels/dispatch.ts";
+import { createStorage, getGpu } from "../engine/gpu.ts";
+import type { Dispatch } from "../kernels/dispatch.ts";
 import { attentionDispatch, type AttentionOptions } from "../kernels/attention.ts";
-import { fillRandomDispatch } from "../kernels/fill_random.ts";
-
-async function timeCalls(gpu: Gpu, calls: Dispatch[], iterations: number): Promise<number> {
-  const body = (pass: GPUComputePassEncoder) => encode(pass, calls);
-  const [first] = await timePasses(gpu, [body]);
-  const warm = Math.min(200, Math.ceil(30e6 / Math.max(first, 1)));
-  const ns: number[] = [];
-  for (let i = 0; i < iterations; i++) {
-    const all = await timePasses(gpu, new Array(warm + 1).fill(body));
-    ns.push(all[warm]);
-  }
-  ns.sort((a, b) => a - b);
-  return ns[ns.length >> 1] / 1000 / calls.length;
-}
-
-function random(gpu: Gpu, floats: number, seed: number): GPUBuffer {
-  const b = createStorage(gpu, floats * 4, undefined, "sweep random");
-  const enc = gpu.device.createCommandEncoder();
-  const pass = enc.beginComputePass();
-  encode(pass, [fillRandomDispatch(gpu, b, { count: floats, dtype: "f32", scale: 1, seed })]);
-  pass.end();
-  gpu.device.queue.submit([enc.finish()]);
-  return b;
-}
+import { random, timeCalls } from "./sweep_kernels.ts";
 
 const { values: v } = parseArgs({
   options: {

@@ -315,10 +315,23 @@ struct RowStats {
   pen_arg: u32,
 }
 
-// The penalised logit of id i, and whether it beats the running (max pm, argmax pa): ids come
-// in ascending order per thread, so the first of equal values wins, as in the reference.
-fn better(p: f32, pm: f32, pa: u32) -> bool {
-  return p > pm || pa == NONE;
+// A running penalised max and its id (NONE before the first).
+struct Best {
+  p: f32,
+  id: u32,
+}
+
+// `best` updated with id i (when `ok`): ids come in ascending order per thread, so the first of
+// equal values wins, as in the reference.
+fn arg_step(best: Best, i: u32, ok: bool) -> Best {
+  if (!ok) {
+    return best;
+  }
+  let p = penalised(i);
+  if (p > best.p || best.id == NONE) {
+    return Best(p, i);
+  }
+  return best;
 }
 
 // Four ids per loop trip (i, i + WG, i + 2 WG, i + 3 WG): a trip costs ~30 ns on an H200 whatever
@@ -326,8 +339,7 @@ fn better(p: f32, pm: f32, pa: u32) -> bool {
 fn row_stats() -> RowStats {
   var m = NEG;
   var s = 0.0;
-  var pm = NEG;
-  var pa = NONE;
+  var best = Best(NEG, NONE);
   for (var i = lid; i < V; i += 4u * WG) {
     let ids = vec4<u32>(i, i + WG, i + 2u * WG, i + 3u * WG);
     let ok = ids < vec4<u32>(V);
@@ -341,33 +353,13 @@ fn row_stats() -> RowStats {
       m = mx;
     }
     s += dot(select(vec4<f32>(0.0), exp(x - vec4<f32>(m)), ok), vec4<f32>(1.0));
-    let p0 = penalised(ids.x); // ids.x < V always
-    if (better(p0, pm, pa)) {
-      pm = p0;
-      pa = ids.x;
-    }
-    if (ok.y) {
-      let p1 = penalised(ids.y);
-      if (better(p1, pm, pa)) {
-        pm = p1;
-        pa = ids.y;
-      }
-    }
-    if (ok.z) {
-      let p2 = penalised(ids.z);
-      if (better(p2, pm, pa)) {
-        pm = p2;
-        pa = ids.z;
-      }
-    }
-    if (ok.w) {
-      let p3 = penalised(ids.w);
-      if (better(p3, pm, pa)) {
-        pm = p3;
-        pa = ids.w;
-      }
-    }
+    best = arg_step(best, ids.x, ok.x);
+    best = arg_step(best, ids.y, ok.y);
+    best = arg_step(best, ids.z, ok.z);
+    best = arg_step(best, ids.w, ok.w);
   }
+  var pm = best.p;
+  var pa = best.id;
   part[0][lid] = m;
   part[1][lid] = s;
   part[2][lid] = pm;

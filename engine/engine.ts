@@ -26,8 +26,7 @@ import {
   SessionBusyError,
 } from "./errors.ts";
 import { Sequence } from "./sequence.ts";
-import type { Dispatch } from "../kernels/dispatch.ts";
-import { Submission, type SubmissionOptions } from "./submission.ts";
+import { Submission } from "./submission.ts";
 import type { SessionStore } from "./session_store.ts";
 import { Sessions } from "./sessions.ts";
 import { packSampleParams, SAMPLE_PARAMS_BYTES } from "../kernels/sample.ts";
@@ -399,7 +398,7 @@ export class Engine implements EngineLike {
       });
       const slots = new Array(this.opts.maxSlots).fill(undefined);
       slots[slot] = seq;
-      const sub = this.#encode(dispatches, {
+      const sub = new Submission(this.decoder, dispatches, {
         region,
         steps: last ? 1 : 0,
         slots,
@@ -426,7 +425,12 @@ export class Engine implements EngineLike {
     const region = this.#nextRegion();
     const dispatches = [];
     for (let k = 0; k < K; k++) dispatches.push(...this.decoder.decodeStep(S, region, k, withTop));
-    return this.#encode(dispatches, { region, steps: K, slots: live, top: withTop });
+    return new Submission(this.decoder, dispatches, {
+      region,
+      steps: K,
+      slots: live,
+      top: withTop,
+    });
   }
 
   /** Submits the held decode submission and books its steps. */
@@ -446,10 +450,6 @@ export class Engine implements EngineLike {
 
   #nextRegion(): number {
     return (this.#region = (this.#region + 1) % REGIONS);
-  }
-
-  #encode(dispatches: Iterable<Dispatch>, o: SubmissionOptions): Submission {
-    return new Submission(this.decoder, dispatches, o);
   }
 
   /** Submits `sub` and queues it for readback. */

@@ -13,7 +13,7 @@ import { BLOCK } from "./kv.ts";
 import { type Dispatch } from "../kernels/dispatch.ts";
 import { embeddingDispatch } from "../kernels/embedding.ts";
 import { rmsnormDispatch } from "../kernels/rmsnorm.ts";
-import { matmulDispatch } from "../kernels/matmul.ts";
+import { matmulDispatches } from "../kernels/matmul.ts";
 import { ropeKvDispatch } from "../kernels/rope_kv.ts";
 import { attentionDispatch } from "../kernels/attention.ts";
 import { attentionDecodeDispatches } from "../kernels/attention_decode.ts";
@@ -141,7 +141,7 @@ export class Decoder {
     w.layers.forEach((L, l) => {
       // Attention block: qkv = norm(x)·Wqkvᵀ (+b), the RMSNorm folded into the matmul; RoPE, KV
       // write; attend; x += o·Woᵀ
-      out.push(matmulDispatch(gpu, {
+      out.push(...matmulDispatches(gpu, {
         x,
         w: L.qkv,
         y: this.#qkv,
@@ -149,18 +149,20 @@ export class Decoder {
         normWeight: L.attnNorm,
       }, { m, eps }));
       out.push(...attention(l));
-      out.push(matmulDispatch(gpu, { x: this.#attn, w: L.o, y: x, bias: L.oBias }, {
+      out.push(...matmulDispatches(gpu, { x: this.#attn, w: L.o, y: x, bias: L.oBias }, {
         m,
         accumulate: true,
       }));
       // MLP block: act = silu(norm(x)·Wgᵀ) ⊙ norm(x)·Wuᵀ in one matmul (gate/up rows
       // interleaved); x += act·Wdᵀ
-      out.push(matmulDispatch(gpu, { x, w: L.gateUp, y: this.#act, normWeight: L.mlpNorm }, {
+      out.push(...matmulDispatches(gpu, { x, w: L.gateUp, y: this.#act, normWeight: L.mlpNorm }, {
         m,
         eps,
         swiglu: true,
       }));
-      out.push(matmulDispatch(gpu, { x: this.#act, w: L.down, y: x }, { m, accumulate: true }));
+      out.push(
+        ...matmulDispatches(gpu, { x: this.#act, w: L.down, y: x }, { m, accumulate: true }),
+      );
     });
     return out;
   }
@@ -181,8 +183,8 @@ export class Decoder {
   #lmHead(m: number, row0: number, x: GPUBuffer, normWeight?: GPUBuffer): Dispatch[] {
     const V = this.cfg.vocabSize;
     let r = 0;
-    return this.w.lmHead.map((chunk) => {
-      const d = matmulDispatch(this.gpu, { x, w: chunk, y: this.#logits, normWeight }, {
+    return this.w.lmHead.flatMap((chunk) => {
+      const d = matmulDispatches(this.gpu, { x, w: chunk, y: this.#logits, normWeight }, {
         m,
         eps: this.cfg.rmsEps,
         yStride: V,

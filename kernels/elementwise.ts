@@ -60,7 +60,7 @@ export interface AddOptions {
 
 /**
  * Builds `out = a + b` over `n` f32 elements. (Residual adds after a matmul are better fused:
- * `matmulDispatch(..., { accumulate: true })`.)
+ * `matmulDispatches(..., { accumulate: true })`.)
  */
 export function addDispatch(gpu: Gpu, buffers: AddBuffers, opts: AddOptions): Dispatch {
   const { n } = opts;

@@ -3,17 +3,20 @@
  * `[out, in]` layout and any weight dtype, x and y f32. Three kernels, picked by M:
  *
  * - `small` (kernels/matmul_small.wgsl): decode batches and short prompts, 1 ≤ M ≤ 64 (below
- *   32 for products at least 4× wider than deep), K a multiple of 8 (16-bit W) or 4 (f32 W).
+ *   32 for products wider than deep), K a multiple of 8 (16-bit W) or 4 (f32 W).
  *   Register-blocked: a thread holds 4 rows of W × rm rows of x (rm ≤ 8), so each 16-byte load
  *   of W is applied to rm rows of x from registers and each load of x to 4 rows of W. Many
  *   small tiles, K split over the threads of a workgroup and reduced in workgroup memory;
  *   launch shape from {@linkcode smallTuning}.
- * - `tiled` (kernels/matmul.wgsl): prefill, M > 64, and the wide products (gate/up, LM head)
- *   of decode batches from 32 rows (`WIDE_TILED_M`). Classic SGEMM register blocking: a
- *   workgroup owns a bm × bn tile of y (up to 128 × 128), a thread a tm × tn block of it (up to
- *   8 × 8: 64 multiply-adds per 4 vec4 reads of workgroup memory), K in steps of bk staged
- *   through workgroup memory with the next step's 16-byte global loads in flight in registers;
- *   launch shape from {@linkcode tiledTuning}.
+ * - `tiled` (kernels/matmul.wgsl): prefill, M > 64, and the wider-than-deep products (QKV,
+ *   gate/up, LM head) of decode batches from 32 rows (`WIDE_TILED_M`). Classic SGEMM register
+ *   blocking: a workgroup owns a bm × bn tile of y (up to 128 × 128), a thread a tm × tn block
+ *   of it (up to 8 × 8: 64 multiply-adds per 4 vec4 reads of workgroup memory), K in steps of
+ *   bk staged through workgroup memory with the next step's 16-byte global loads in flight in
+ *   registers. Up to 256 rows K may be split over workgroups (partial sums in a scratch
+ *   buffer, then a second dispatch, `reduce`, adds them and applies the epilogue), so
+ *   {@linkcode matmulDispatches} returns one or two dispatches; launch shape from
+ *   {@linkcode tiledTuning}.
  * - `naive` (kernels/matmul_naive.wgsl): the plain statement of the contract; serves M ≤ 64
  *   with an awkward K.
  *
@@ -186,9 +189,16 @@ export interface TiledTuning {
   bk: number;
   /** Workgroup buffers per tile: 2 (one barrier per step) or 1 (two, half the memory). */
   bufs: number;
+  /**
+   * K splits (1: none). With more, each workgroup walks a slice of K (whole steps of bk)
+   * and writes its partial products to a scratch buffer; a second dispatch adds the slices
+   * up and applies the epilogue. For few-row products, where the tiles alone do not fill the
+   * GPU.
+   */
+  splits: number;
 }
 
-/** Buffers of {@linkcode matmulDispatch}. */
+/** Buffers of {@linkcode matmulDispatches}. */
 export interface MatmulBuffers {
   /** `f32 [m, K]`. */
   x: GPUBuffer;
@@ -202,7 +212,7 @@ export interface MatmulBuffers {
   normWeight?: GPUBuffer;
 }
 
-/** Shape of {@linkcode matmulDispatch}. */
+/** Shape of {@linkcode matmulDispatches}. */
 export interface MatmulOptions {
   /** Rows of x (tokens). */
   m: number;
@@ -233,18 +243,19 @@ export interface MatmulOptions {
 export const SMALL_MAX_M = 64;
 
 /**
- * Rows of x from which products much wider than deep (W at least 4× as many rows as columns:
- * gate/up, the LM head) go to `tiled` even within `small`'s range. H200, TinyLlama f16, µs per
- * call, `small` vs `tiled` 32 × 64 tiles of 4 × 4: gate/up 105 vs 99 at M = 32, 200 vs 135 at 64;
- * LM head 283 vs 216, 512 vs 364. Narrower products stay `small` (QKV at M = 32: 30 vs 80): a
- * 32-row tile leaves most of the GPU idle for N ≤ 2560.
+ * Rows of x from which products wider than deep (W has more rows than columns: QKV, gate/up,
+ * the LM head) go to `tiled` even within `small`'s range. H200, TinyLlama f16, µs per call at
+ * M = 32, `small` vs `tiled` (32 × 64 tiles of 4 × 4, K split as {@linkcode tiledTuning}
+ * says): QKV 30.2 vs 27.3, gate/up 105 vs 75.7, LM head 283 vs 216; at M = 64: 57.6 vs 42.8,
+ * 200 vs 136, 512 vs 366. o and down (N ≤ K) stay `small` (at M = 32: 21.7 vs 21.4 with 8
+ * splits, 39.7 vs 43.2).
  */
 const WIDE_TILED_M = 32;
 
-/** The kernel {@linkcode matmulDispatch} picks for `m` rows of x times `w`. */
+/** The kernel {@linkcode matmulDispatches} picks for `m` rows of x times `w`. */
 export function matmulPath(m: number, w: WeightBuffer): MatmulPath {
   if (m > SMALL_MAX_M) return "tiled";
-  if (m >= WIDE_TILED_M && w.rows >= 4 * w.cols) return "tiled";
+  if (m >= WIDE_TILED_M && w.rows > w.cols) return "tiled";
   return w.cols % unitWidth(w.dtype) === 0 ? "small" : "naive";
 }
 
@@ -322,6 +333,8 @@ export interface TiledTuningOptions {
   m: number;
   /** Columns of the product: N, or 2F with swiglu (gate and up both count). */
   cols: number;
+  /** Columns of W (the depth K). */
+  k: number;
   /** RMSNorm folded in. */
   norm?: boolean;
   /** SwiGLU (gate/up) product. */
@@ -359,37 +372,75 @@ const TILED_GROUPS = 128;
  * the kernel's earlier 64 × 64 form had. llvmpipe through GL compiles the larger shapes for
  * seconds to minutes each (see kernels/matmul.wgsl), and lavapipe allows only 32 KiB.
  */
-const TILED_CPU: TiledTuning = { bm: 64, bn: 64, tm: 4, tn: 4, bk: 8, bufs: 1 };
+const TILED_CPU: TiledTuning = { bm: 64, bn: 64, tm: 4, tn: 4, bk: 8, bufs: 1, splits: 1 };
 
 /**
- * Default `tiled` launch shape for `m` rows of x into `cols` product columns. CPU adapters get
- * {@linkcode TILED_CPU}. On GPUs, three measured special cases come first:
+ * Default `tiled` launch shape for `m` rows of x into `cols` product columns, `k` deep. CPU
+ * adapters get {@linkcode TILED_CPU}. On GPUs, three measured special cases come first:
  *
- * - M ≤ 64 (the wide products of decode batches, see `WIDE_TILED_M`): 32 × 64 tiles of 4 × 4.
- * - A normed product without SwiGLU (QKV): the same 32 × 64 tiles of 4 × 4 (H200, TinyLlama,
- *   µs at M = 256 / 512: 135 / 235, against 160 / 349 with the general rule's choice).
+ * - M ≤ 64 (the products of decode batches that go to `tiled`, see `WIDE_TILED_M`): 32 × 64
+ *   tiles of 4 × 4.
+ * - A normed product without SwiGLU (QKV, and the LM head): the same 32 × 64 tiles of 4 × 4
+ *   (H200, TinyLlama, µs at M = 256 / 512: 135 / 235, against 160 / 349 with the general
+ *   rule's choice).
  * - SwiGLU (gate/up) up to 256 rows: 64 × 128 tiles of 8 × 8, K steps of 8 (384 against 492 µs
  *   at M = 256).
  *
  * Otherwise the first of {@linkcode TILED_SHAPES} whose launch has at least
  * {@linkcode TILED_THREADS} threads in {@linkcode TILED_GROUPS} workgroups, else the last (the
  * most threads); K steps of 16 (8 for 128 × 128 tiles), two buffers (one where two do not
- * fit). E.g. TinyLlama at M = 256: o and down 64 × 64 of 8 × 4, the LM head 128 × 128; at
- * M = 512: o and down 64 × 128 of 8 × 8, gate/up and the LM head 128 × 128.
+ * fit). E.g. TinyLlama at M = 256: o and down 64 × 64 of 8 × 4; at M = 512: o and down
+ * 64 × 128 of 8 × 8, gate/up 128 × 128.
+ *
+ * Then K is split when M ≤ {@linkcode SPLIT_MAX_M}: into the power of two nearest to
+ * {@linkcode SPLIT_GROUPS} / tiles, each split at least {@linkcode SPLIT_MIN_STEPS} steps.
+ * Few-row launches have too few tiles to fill the GPU. H200, TinyLlama f16, µs, split against
+ * unsplit (scripts/sweep_kernels.ts): M = 32: QKV (8 splits) 27.3 vs 80.7 (`small`: 30.2),
+ * gate/up (2) 75.7 vs 99.8; M = 64: QKV (4) 42.8 vs 78.3 (`small`: 57.6); M = 128: QKV 75.8 vs
+ * 101, o 57.0 vs 79.2, gate/up 207 vs 268, down 148 vs 227; M = 256: o 81.2 vs 91.0, down 202
+ * vs 251. K steps of 8 or 32 instead of 16 were slower at M = 32–64 (gate/up 110 and 116).
  *
  * Measured on the H200 (scripts/sweep_kernels.ts, TinyLlama f16, TFLOP/s of f32 FMA; the
  * best of 6–8 shapes tried unless noted): M = 256: qkv 19.9, o 23.6, gate/up 30.7, down 23.5,
  * LM head 34.5; M = 512: qkv 22.8, o 29.9, gate/up 31.8, down 31.6, LM head 35.0 (31.0 with K
- * steps of 16). The previous 64 × 64 / 4 × 4 kernel reached 11–17.
+ * steps of 16). The previous 64 × 64 / 4 × 4 kernel reached 11–17. What bounds it: with no
+ * global loads, no staging stores and no barrier (an ablation, wrong results) gate/up at
+ * M = 512 took 592 instead of 834 µs, 40 TFLOP/s: the workgroup-memory reads and multiply-adds
+ * alone reach about 60 % of the f32 peak.
  */
 export function tiledTuning(gpu: Gpu, opts: TiledTuningOptions): TiledTuning {
   if (isCpuAdapter(gpu)) return TILED_CPU;
+  const t = tiledShape(gpu, opts);
+  if (opts.m > SPLIT_MAX_M) return t;
+  const tiles = Math.ceil(opts.m / t.bm) * Math.ceil(opts.cols / t.bn);
+  const steps = Math.ceil(opts.k / t.bk);
+  const want = pow2round(SPLIT_GROUPS / tiles);
+  return { ...t, splits: Math.max(1, Math.min(want, Math.floor(steps / SPLIT_MIN_STEPS))) };
+}
+
+/** Workgroups a split launch aims for (about 3 per SM of an H200); see {@linkcode tiledTuning}. */
+const SPLIT_GROUPS = 384;
+/**
+ * Rows of x up to which a launch may split K. Each split writes and the reduce reads M × N
+ * partial sums: at M = 384 and 512 the splits measured slower (gate/up 514 → 570 µs at 384, o
+ * 144 → 157 and down 374 → 388 at 512).
+ */
+const SPLIT_MAX_M = 256;
+/** K steps a split walks at least. */
+const SPLIT_MIN_STEPS = 4;
+
+const pow2round = (v: number) => 2 ** Math.max(0, Math.round(Math.log2(v)));
+
+/** {@linkcode tiledTuning}'s tile on GPUs, before the K split. */
+function tiledShape(gpu: Gpu, opts: Omit<TiledTuningOptions, "k">): TiledTuning {
   const { m, cols } = opts;
   // Decode batches (wide products only, see WIDE_TILED_M): 32-row tiles, the measured best.
   if (m <= SMALL_MAX_M || (opts.norm && !opts.swiglu)) {
-    return { bm: 32, bn: 64, tm: 4, tn: 4, bk: 16, bufs: 2 };
+    return { bm: 32, bn: 64, tm: 4, tn: 4, bk: 16, bufs: 2, splits: 1 };
   }
-  if (opts.swiglu && m <= 256) return { bm: 64, bn: 128, tm: 8, tn: 8, bk: 8, bufs: 2 };
+  if (opts.swiglu && m <= 256) {
+    return { bm: 64, bn: 128, tm: 8, tn: 8, bk: 8, bufs: 2, splits: 1 };
+  }
   const launch = (s: (typeof TILED_SHAPES)[number]) => {
     const groups = Math.ceil(m / s.bm) * Math.ceil(cols / s.bn);
     return { groups, threads: groups * (s.bm / s.tm) * (s.bn / s.tn) };
@@ -399,7 +450,7 @@ export function tiledTuning(gpu: Gpu, opts: TiledTuningOptions): TiledTuning {
     return l.threads >= TILED_THREADS && l.groups >= TILED_GROUPS;
   });
   const shape = fits ?? TILED_SHAPES[TILED_SHAPES.length - 1];
-  const t = { ...shape, bk: shape.bm === 128 && shape.bn === 128 ? 8 : 16, bufs: 2 };
+  const t = { ...shape, bk: shape.bm === 128 && shape.bn === 128 ? 8 : 16, bufs: 2, splits: 1 };
   return tiledBytes(t) <= gpu.maxWorkgroupStorage ? t : { ...t, bufs: 1 };
 }
 
@@ -416,6 +467,21 @@ function dummy(gpu: Gpu): GPUBuffer {
   return d;
 }
 
+const scratches = new WeakMap<GPUDevice, GPUBuffer>();
+
+/**
+ * The split-K partial sums' buffer, one per device, grown to `bytes` when a launch needs more
+ * (launches built earlier keep the smaller one). Sharing is safe: every launch writes it before
+ * its reduce reads it, and dispatches that use the same buffer read-write run in order.
+ */
+function scratch(gpu: Gpu, bytes: number): GPUBuffer {
+  let b = scratches.get(gpu.device);
+  if (!b || b.size < bytes) {
+    scratches.set(gpu.device, b = createStorage(gpu, bytes, undefined, "matmul split-K"));
+  }
+  return b;
+}
+
 /**
  * Builds `y[i, n] (+)= Σ_k x[i, k] w[n, k] (+ bias[n])` for `m` rows: math in f32, any M ≥ 1,
  * N, K. With `normWeight`, x is RMS-normalised first; with `swiglu`, W holds interleaved gate/up
@@ -426,15 +492,19 @@ function dummy(gpu: Gpu): GPUBuffer {
  *   `small` launch shape is invalid or over the device's workgroup limits.
  * @example
  * // o-projection with the residual add fused: h += attn · Woᵀ
- * const d = matmulDispatch(gpu, { x: attn, w: wo, y: h }, { m: 1, accumulate: true });
+ * const d = matmulDispatches(gpu, { x: attn, w: wo, y: h }, { m: 1, accumulate: true });
  * // the MLP's first half: act = silu(norm(x) · Wgᵀ) ⊙ (norm(x) · Wuᵀ)
- * const mlp = matmulDispatch(gpu, { x, w: gateUp, y: act, normWeight: mlpNorm }, {
+ * const mlp = matmulDispatches(gpu, { x, w: gateUp, y: act, normWeight: mlpNorm }, {
  *   m: 1,
  *   eps: 1e-5,
  *   swiglu: true,
  * });
  */
-export function matmulDispatch(gpu: Gpu, buffers: MatmulBuffers, opts: MatmulOptions): Dispatch {
+export function matmulDispatches(
+  gpu: Gpu,
+  buffers: MatmulBuffers,
+  opts: MatmulOptions,
+): Dispatch[] {
   const { x, w, y, normWeight } = buffers;
   const { m } = opts;
   const swiglu = opts.swiglu ?? false;
@@ -475,45 +545,69 @@ export function matmulDispatch(gpu: Gpu, buffers: MatmulBuffers, opts: MatmulOpt
     const xb = { buffer: x, size: m * k * 4 };
     const wb = { buffer: w.buffer, size: w.rows * k * BYTES[w.dtype] };
     const nwb = normWeight ? { buffer: normWeight, size: k * 4 } : nw;
-    return {
+    return [{
       label,
       pipeline: pipe,
       bindGroup: bindGroup(gpu, pipe, [u, xb, wb, bias, nwb, y]),
       workgroups: groups,
-    };
+    }];
   }
   if (path === "tiled") {
     const t = {
-      ...tiledTuning(gpu, { m, cols, norm: !!normWeight, swiglu: !!opts.swiglu }),
+      ...tiledTuning(gpu, { m, cols, k, norm: !!normWeight, swiglu: !!opts.swiglu }),
       ...opts.tiled,
     };
     checkTiled(gpu, label, t, w.dtype);
-    const groups = grid(Math.ceil(m / t.bm) * Math.ceil(cols / t.bn));
-    const pipe = pipeline(gpu, "matmul.wgsl", {
-      prelude: wgsl("matmul_common.wgsl"),
-      constants: {
-        WDTYPE: WDTYPE[w.dtype],
-        BM: t.bm,
-        BN: t.bn,
-        TM: t.tm,
-        TN: t.tn,
-        BK: t.bk,
-        BUFS: t.bufs,
-        ALIGNED: k % t.bk === 0 ? 1 : 0,
-        ...fusion,
-      },
-    });
-    const u = uniform(gpu, params([m, n, k, groups[0], yStride, yOffset, flags, eps, block]));
+    // K in whole steps per split; the last split may be shorter, none is empty.
+    const steps = Math.ceil(k / t.bk);
+    const kspan = Math.ceil(steps / Math.min(t.splits, steps)) * t.bk;
+    const splits = Math.ceil(k / kspan);
+    const tiles = Math.ceil(m / t.bm) * Math.ceil(cols / t.bn);
+    const groups = grid(tiles * splits);
+    const constants = {
+      WDTYPE: WDTYPE[w.dtype],
+      BM: t.bm,
+      BN: t.bn,
+      TM: t.tm,
+      TN: t.tn,
+      BK: t.bk,
+      BUFS: t.bufs,
+      ALIGNED: k % t.bk === 0 ? 1 : 0,
+      SPLIT: splits > 1 ? 1 : 0,
+      ...fusion,
+    };
+    const prelude = wgsl("matmul_common.wgsl");
+    const pipe = pipeline(gpu, "matmul.wgsl", { prelude, constants });
+    const u = uniform(
+      gpu,
+      params([m, n, k, groups[0], yStride, yOffset, flags, eps, block, kspan, splits]),
+    );
     // x, W and nw are bound as arrays of 16-byte vectors: whole vectors, rounded up.
     const xb = { buffer: x, size: ceil16(m * k * 4) };
     const wb = { buffer: w.buffer, size: ceil16(w.rows * k * BYTES[w.dtype]) };
     const nwb = normWeight ? { buffer: normWeight, size: ceil16(k * 4) } : nw;
-    return {
-      label: `${label} ${t.bm}x${t.bn}/${t.tm}x${t.tn}`,
+    const shape = `${t.bm}x${t.bn}/${t.tm}x${t.tn}` + (splits > 1 ? ` split ${splits}` : "");
+    const part = scratch(gpu, splits > 1 ? splits * m * (cols + 1) * 4 : 16); // bound either way
+    const main: Dispatch = {
+      label: `${label} ${shape}`,
       pipeline: pipe,
-      bindGroup: bindGroup(gpu, pipe, [u, xb, wb, bias, nwb, y]),
+      bindGroup: bindGroup(gpu, pipe, [u, xb, wb, bias, nwb, y, part]),
       workgroups: groups,
     };
+    if (splits === 1) return [main];
+    const reduce = pipeline(gpu, "matmul.wgsl", { prelude, constants, entryPoint: "reduce" });
+    return [main, {
+      label: `${label} ${shape} reduce`,
+      pipeline: reduce,
+      bindGroup: gpu.device.createBindGroup({
+        layout: reduce.getBindGroupLayout(0),
+        entries: [[0, u], [3, bias], [5, y], [6, part]].map(([binding, buffer]) => ({
+          binding: binding as number,
+          resource: { buffer: buffer as GPUBuffer },
+        })),
+      }),
+      workgroups: grid(Math.ceil((m * n) / 256)),
+    }];
   }
   const groups = grid(m * Math.ceil(n / 64));
   const pipe = pipeline(gpu, "matmul_naive.wgsl", {
@@ -521,12 +615,12 @@ export function matmulDispatch(gpu: Gpu, buffers: MatmulBuffers, opts: MatmulOpt
     constants: { WDTYPE: WDTYPE[w.dtype], ...fusion },
   });
   const u = uniform(gpu, params([m, n, k, groups[0], yStride, yOffset, flags, eps, block]));
-  return {
+  return [{
     label,
     pipeline: pipe,
     bindGroup: bindGroup(gpu, pipe, [u, x, w.buffer, bias, nw, y]),
     workgroups: groups,
-  };
+  }];
 }
 
 const ceil16 = (bytes: number) => Math.ceil(bytes / 16) * 16;

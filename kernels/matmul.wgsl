@@ -29,6 +29,11 @@
 // and a step's BK k are written out (a loop trip costs ~30 ns on an H200 whatever its body):
 // the only loop left in the hot path is the one over K.
 //
+// SPLIT (split-K, for few-row products whose tiles alone leave the GPU idle): workgroup g takes
+// tile g % tiles and the K range [split * p.kspan, + p.kspan) of split g / tiles; it writes its
+// raw sums (and with NORM its rows' partial sums of x^2) to `part`, and the `reduce` entry point,
+// one thread per output, adds the splits in order and applies the epilogue.
+//
 // Optional fusions (override constants):
 // - NORM: y = (x / rms(x) * nw) . W^T. nw is fetched with x and scales it as it is staged;
 //   the stagers sum x^2 of their slots (each element of the x tile is staged by one thread);
@@ -50,6 +55,7 @@ override TN: u32 = 8u; // columns per thread: 4 or 8
 override BK: u32 = 16u; // k per step: 8, 16 or 32
 override BUFS: u32 = 2u; // workgroup buffers per tile: 2 = one barrier per step
 override ALIGNED: bool = false; // K % BK == 0: vector loads, no k bounds
+override SPLIT: bool = false; // split-K: partial sums to `part`, the `reduce` entry point finishes
 
 const PAD: u32 = 4u; // floats after each k-row of a staged tile
 
@@ -65,6 +71,8 @@ struct Params {
   flags: u32,
   eps: f32, // RMSNorm epsilon (NORM)
   block: u32, // gate/up rows per block of the interleaved W (SWIGLU)
+  kspan: u32, // K per split (a multiple of BK; >= K without SPLIT)
+  splits: u32, // K splits (SPLIT): workgroup g takes split g / tiles
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -73,6 +81,8 @@ struct Params {
 @group(0) @binding(3) var<storage, read> bias: array<f32>; // per row of W
 @group(0) @binding(4) var<storage, read> nw: array<vec4<f32>>; // RMSNorm weights [K] (NORM)
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
+// SPLIT: [splits][M][cols()] partial products, then [splits][M] partial sums of x^2 (NORM).
+@group(0) @binding(6) var<storage, read_write> part: array<f32>;
 
 // Staged tiles, BUFS of each: [k][m] and [k][n] f32, k-rows of BM + PAD and BN + PAD floats.
 var<workgroup> xs: array<vec4<f32>, BUFS * BK * (BM + PAD) / 4u>;
@@ -430,9 +440,27 @@ fn inv_rms(r: u32) -> vec4<f32> {
   return inverseSqrt(s / f32(p.k) + p.eps);
 }
 
-// Writes row m of the thread's 4 product columns c0.. (c0 a multiple of 4).
-fn store(m: u32, c0: u32, v: vec4<f32>) {
+// Writes row m of the thread's 4 product columns c0.. (c0 a multiple of 4); with SPLIT the
+// raw partial sums of split `split` into part.
+fn store(m: u32, c0: u32, v: vec4<f32>, split: u32) {
   if (m >= p.m) {
+    return;
+  }
+  if (SPLIT) {
+    // Written out: a loop trip costs ~30 ns.
+    let o = (split * p.m + m) * cols() + c0;
+    if (c0 < cols()) {
+      part[o] = v.x;
+    }
+    if (c0 + 1u < cols()) {
+      part[o + 1u] = v.y;
+    }
+    if (c0 + 2u < cols()) {
+      part[o + 2u] = v.z;
+    }
+    if (c0 + 3u < cols()) {
+      part[o + 3u] = v.w;
+    }
     return;
   }
   if (SWIGLU) {
@@ -450,9 +478,13 @@ fn store(m: u32, c0: u32, v: vec4<f32>) {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   // Workgroups are laid out [tile_m][tile_n]: neighbours share the x tile and walk W.
   let tiles_n = (cols() + BN - 1u) / BN;
+  let tiles = ((p.m + BM - 1u) / BM) * tiles_n;
   let g = wid.y * p.groups_x + wid.x;
-  let m0 = (g / tiles_n) * BM;
-  let n0 = (g % tiles_n) * BN;
+  let split = g / tiles; // 0 without SPLIT
+  let m0 = ((g % tiles) / tiles_n) * BM;
+  let n0 = (g % tiles % tiles_n) * BN;
+  let kb = split * p.kspan; // this workgroup's K range: [kb, ke)
+  let ke = min(p.k, kb + p.kspan);
   let tx = lid % (BN / TN); // this thread's columns: n0 + 4 tx .. (and n0 + BN / 2 + 4 tx ..)
   let ty = lid / (BN / TN); // this thread's rows: m0 + 4 ty .. (and m0 + BM / 2 + 4 ty ..)
 
@@ -465,16 +497,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     x_origin(lid + 3u * t, m0));
   let wo = vec4<u32>(w_origin(lid, n0), w_origin(lid + t, n0), w_origin(lid + 2u * t, n0),
     w_origin(lid + 3u * t, n0));
-  var staged = fetch(lid, xo, wo, 0u);
+  var staged = fetch(lid, xo, wo, kb);
   var b = 0u;
-  for (var k0 = 0u; k0 < p.k; k0 += BK) {
+  for (var k0 = kb; k0 < ke; k0 += BK) {
     if (NORM) {
       ss += vec4<f32>(dot(staged.x0, staged.x0), dot(staged.x1, staged.x1),
         dot(staged.x2, staged.x2), dot(staged.x3, staged.x3));
     }
     stash(staged, lid, b);
     workgroupBarrier();
-    if (k0 + BK < p.k) {
+    if (k0 + BK < ke) {
       staged = fetch(lid, xo, wo, k0 + BK); // in flight during this step's arithmetic
     }
     // The step's BK k, 8 at a time (8 k-rows: 2 ldx() vec4), no loop.
@@ -512,6 +544,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       xs[(lid + 3u * t) / 4u][lid % 4u] = ss.w;
     }
     workgroupBarrier();
+    if (SPLIT) {
+      // The rows' partial sums of x^2 over this split's K, once per row tile.
+      if (n0 == 0u) {
+        for (var r = lid; r < BM && m0 + r < p.m; r += t) {
+          part[p.splits * p.m * cols() + split * p.m + m0 + r] = row_ss(r);
+        }
+      }
+    }
+  }
+  if (NORM && !SPLIT) {
     let lo = inv_rms(4u * ty);
     acc.s00 *= lo.x;
     acc.s10 *= lo.y;
@@ -540,28 +582,67 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
   let r0 = m0 + 4u * ty;
   let c0 = n0 + 4u * tx;
-  store(r0, c0, acc.s00);
-  store(r0 + 1u, c0, acc.s10);
-  store(r0 + 2u, c0, acc.s20);
-  store(r0 + 3u, c0, acc.s30);
+  store(r0, c0, acc.s00, split);
+  store(r0 + 1u, c0, acc.s10, split);
+  store(r0 + 2u, c0, acc.s20, split);
+  store(r0 + 3u, c0, acc.s30, split);
   let c1 = c0 + BN / 2u;
   if (TN == 8u) {
-    store(r0, c1, acc.s01);
-    store(r0 + 1u, c1, acc.s11);
-    store(r0 + 2u, c1, acc.s21);
-    store(r0 + 3u, c1, acc.s31);
+    store(r0, c1, acc.s01, split);
+    store(r0 + 1u, c1, acc.s11, split);
+    store(r0 + 2u, c1, acc.s21, split);
+    store(r0 + 3u, c1, acc.s31, split);
   }
   if (TM == 8u) {
     let r1 = r0 + BM / 2u;
-    store(r1, c0, acc.s40);
-    store(r1 + 1u, c0, acc.s50);
-    store(r1 + 2u, c0, acc.s60);
-    store(r1 + 3u, c0, acc.s70);
+    store(r1, c0, acc.s40, split);
+    store(r1 + 1u, c0, acc.s50, split);
+    store(r1 + 2u, c0, acc.s60, split);
+    store(r1 + 3u, c0, acc.s70, split);
     if (TN == 8u) {
-      store(r1, c1, acc.s41);
-      store(r1 + 1u, c1, acc.s51);
-      store(r1 + 2u, c1, acc.s61);
-      store(r1 + 3u, c1, acc.s71);
+      store(r1, c1, acc.s41, split);
+      store(r1 + 1u, c1, acc.s51, split);
+      store(r1 + 2u, c1, acc.s61, split);
+      store(r1 + 3u, c1, acc.s71, split);
     }
   }
+}
+
+// SPLIT's second pass: one thread per output y[m, n] adds up the splits' partial products (the
+// gate and up columns 2n, 2n + 1 with SWIGLU) and finishes as the unsplit kernel would (1 / rms
+// from the splits' sums of x^2, bias, SiLU * up, residual add). Splits are summed in order, so
+// the result does not depend on the launch.
+@compute @workgroup_size(256)
+fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+  @builtin(local_invocation_index) lid: u32) {
+  let i = (wid.y * nwg.x + wid.x) * 256u + lid;
+  if (i >= p.m * p.n) {
+    return;
+  }
+  let m = i / p.n;
+  let n = i % p.n;
+  let c = select(n, 2u * n, SWIGLU);
+  let stride = p.m * cols();
+  var o = m * cols() + c;
+  var a = 0.0;
+  var b = 0.0;
+  for (var s = 0u; s < p.splits; s++) {
+    a += part[o];
+    if (SWIGLU) {
+      b += part[o + 1u];
+    }
+    o += stride;
+  }
+  if (NORM) {
+    var ss = 0.0;
+    var q = p.splits * stride + m;
+    for (var s = 0u; s < p.splits; s++) {
+      ss += part[q];
+      q += p.m;
+    }
+    let r = inverseSqrt(ss / f32(p.k) + p.eps);
+    a *= r;
+    b *= r;
+  }
+  store_out(m, n, a, b);
 }

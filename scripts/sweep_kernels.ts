@@ -18,7 +18,7 @@ import { createStorage, getGpu, type Gpu } from "../engine/gpu.ts";
 import { timePasses } from "../engine/gpu_timing.ts";
 import { shapeConfig, syntheticWeights } from "../engine/synthetic.ts";
 import { type Dispatch, encode } from "../kernels/dispatch.ts";
-import { matmulDispatch, type MatmulOptions, type WeightBuffer } from "../kernels/matmul.ts";
+import { matmulDispatches, type MatmulOptions, type WeightBuffer } from "../kernels/matmul.ts";
 import { attentionDecodeDispatches } from "../kernels/attention_decode.ts";
 import { fillRandomDispatch } from "../kernels/fill_random.ts";
 
@@ -32,7 +32,7 @@ export interface SweepRow {
 }
 
 /**
- * GPU µs per call of `calls` encoded in one pass. The GPU drops its clocks while the host
+ * GPU µs per call of `calls` encoded in one pass (a call being `calls.length / per` dispatches). The GPU drops its clocks while the host
  * compiles pipelines, so every timed pass follows ≈ 30 ms of the same work in the same
  * submission (measured after a first untimed run sizes it).
  */
@@ -40,6 +40,7 @@ export async function timeCalls(
   gpu: Gpu,
   calls: Dispatch[],
   iterations: number,
+  per = calls.length,
 ): Promise<number> {
   const body = (pass: GPUComputePassEncoder) => encode(pass, calls);
   const [first] = await timePasses(gpu, [body]);
@@ -50,7 +51,7 @@ export async function timeCalls(
     ns.push(all[warm]);
   }
   ns.sort((a, b) => a - b);
-  return ns[ns.length >> 1] / 1000 / calls.length;
+  return ns[ns.length >> 1] / 1000 / per;
 }
 
 /** A storage buffer of `floats` uniform random f32 in [-1, 1), filled on the GPU. */
@@ -104,7 +105,7 @@ async function main(): Promise<void> {
         rows.push(
           await row(kernel, m, variant, () =>
             w.layers.map((layer, l) =>
-              matmulDispatch(gpu, {
+              matmulDispatches(gpu, {
                 x,
                 w: weight(l),
                 y,
@@ -120,7 +121,7 @@ async function main(): Promise<void> {
           variant,
           () =>
             w.lmHead.map((chunk) =>
-              matmulDispatch(gpu, { x, w: chunk, y, normWeight: w.norm }, {
+              matmulDispatches(gpu, { x, w: chunk, y, normWeight: w.norm }, {
                 m,
                 eps,
                 ...variantText,
@@ -136,18 +137,19 @@ async function main(): Promise<void> {
     kernel: string,
     m: number,
     variant: string,
-    build: () => Dispatch[],
+    build: () => Dispatch[][],
     wb: WeightBuffer,
   ): Promise<SweepRow> {
     try {
-      const calls = build(); // a variant may be invalid for this shape: reported, not fatal
-      const us = await timeCalls(gpu, calls, iterations);
+      const each = build(); // a variant may be invalid for this shape: reported, not fatal
+      const calls = each.flat();
+      const us = await timeCalls(gpu, calls, iterations, each.length);
       const bytes = wb.rows * wb.cols * (wb.dtype === "f32" ? 4 : 2);
       const r = { kernel, m, variant, usPerCall: us, gbPerS: bytes / us / 1e3 };
       console.log(
         `${kernel.padEnd(22)} M=${String(m).padEnd(3)} ${variant.padEnd(40)} ` +
           `${us.toFixed(1).padStart(8)} µs ${r.gbPerS.toFixed(0).padStart(6)} GB/s ` +
-          `(${calls[0].label})`,
+          `(${each[0].map((c) => c.label).join(" + ")})`,
       );
       return r;
     } catch (e) {

@@ -11,7 +11,7 @@ import { type DType, encode } from "../engine/dtype.ts";
 import { run } from "../kernels/dispatch.ts";
 import {
   interleaveGateUp,
-  matmulDispatch,
+  matmulDispatches,
   type MatmulPath,
   matmulPath,
   type SmallTuning,
@@ -106,7 +106,7 @@ async function checkFused(c: FusedCase, seed: number): Promise<void> {
   const yOffset = c.accumulate ? 5 : 0;
   const yLen = yOffset + m * yStride;
   const y0 = f32Input(gpu, r.uniform(yLen));
-  const d = matmulDispatch(gpu, {
+  const ds = matmulDispatches(gpu, {
     x: x.buffer,
     w,
     y: y0.buffer,
@@ -122,8 +122,8 @@ async function checkFused(c: FusedCase, seed: number): Promise<void> {
     swigluBlock: c.block,
     small: c.small,
   });
-  assert.equal(matmulPath(m, w), c.path, `${d.label} picked the wrong kernel`);
-  await run(gpu, [d]);
+  assert.equal(matmulPath(m, w), c.path, `${ds[0].label} picked the wrong kernel`);
+  await run(gpu, ds);
   const got = await readF32(gpu, y0.buffer, yLen);
   const rows = { rows: m, cols: n, offset: yOffset, stride: yStride };
   const prior = denseRows(y0.values, rows);
@@ -136,7 +136,7 @@ async function checkFused(c: FusedCase, seed: number): Promise<void> {
     ? matmulNormRef(x.values, ref, { m, n, k, bias: biasRef, y, normWeight, eps: EPS })
     : matmulRef(x.values, ref, { m, n, k, bias: biasRef, y });
   const shape = c.small ? ` ${JSON.stringify(c.small)}` : "";
-  assertClose(`${d.label}${c.block ? ` B=${c.block}` : ""}${shape}`, gotDense, want);
+  assertClose(`${ds[0].label}${c.block ? ` B=${c.block}` : ""}${shape}`, gotDense, want);
   for (let i = 0; i < yLen; i++) {
     const j = (i - yOffset) % yStride;
     if (i < yOffset || j >= n) assert.equal(got[i], Math.fround(y0.values[i]), `y[${i}] clobbered`);
@@ -293,16 +293,17 @@ Deno.test("matmul fusions: refuse what they cannot serve, with the sizes in the 
   const x = createStorage(gpu, 64 * 4);
   const y = createStorage(gpu, 33 * 4);
   const nw = createStorage(gpu, 64 * 4);
-  assert.throws(() => matmulDispatch(gpu, { x, w, y, normWeight: nw }, { m: 1 }), /needs eps/);
+  assert.throws(() => matmulDispatches(gpu, { x, w, y, normWeight: nw }, { m: 1 }), /needs eps/);
   assert.throws(
-    () => matmulDispatch(gpu, { x, w, y, normWeight: createStorage(gpu, 16) }, { m: 1, eps: EPS }),
+    () =>
+      matmulDispatches(gpu, { x, w, y, normWeight: createStorage(gpu, 16) }, { m: 1, eps: EPS }),
     /normWeight holds 16 bytes; needs 256/,
   );
-  assert.throws(() => matmulDispatch(gpu, { x, w, y }, { m: 1, swiglu: true }), /W has 33/);
+  assert.throws(() => matmulDispatches(gpu, { x, w, y }, { m: 1, swiglu: true }), /W has 33/);
   const gu = uploadWeight(gpu, new Float64Array(34 * 64), { rows: 34, cols: 64, dtype: "f16" });
   assert.throws(
     () =>
-      matmulDispatch(gpu, { x, w: gu, y, bias: createStorage(gpu, 64) }, { m: 1, swiglu: true }),
+      matmulDispatches(gpu, { x, w: gu, y, bias: createStorage(gpu, 64) }, { m: 1, swiglu: true }),
     /bias holds 64 bytes; needs 136/,
   );
 });

@@ -5,18 +5,19 @@
  * on llvmpipe every new pipeline costs a shader compile of up to a few seconds.
  */
 import assert from "node:assert/strict";
-import { createStorage, isCpuAdapter, readF32 } from "../engine/gpu.ts";
+import { createStorage, type Gpu, isCpuAdapter, readF32 } from "../engine/gpu.ts";
 import { type DType, encode } from "../engine/dtype.ts";
 import { run } from "../kernels/dispatch.ts";
 import { embeddingDispatch } from "../kernels/embedding.ts";
 import { rmsnormDispatch } from "../kernels/rmsnorm.ts";
 import {
   interleaveGateUp,
-  matmulDispatch,
+  matmulDispatches,
   type MatmulPath,
   matmulPath,
   type SmallTuning,
   type TiledTuning,
+  tiledTuning,
   uploadWeight,
   type WeightBuffer,
 } from "../kernels/matmul.ts";
@@ -132,15 +133,15 @@ async function checkMatmul(c: MatmulCase, seed: number): Promise<void> {
   const yOffset = c.accumulate ? 5 : 0;
   const yLen = yOffset + m * yStride;
   const y0 = f32Input(gpu, r.uniform(yLen));
-  const d = matmulDispatch(gpu, { x: x.buffer, w, y: y0.buffer, bias: bias?.buffer }, {
+  const ds = matmulDispatches(gpu, { x: x.buffer, w, y: y0.buffer, bias: bias?.buffer }, {
     m,
     accumulate: c.accumulate,
     yStride,
     yOffset,
     small: c.small,
   });
-  assert.equal(matmulPath(m, w), c.path, `${d.label} picked the wrong kernel`);
-  await run(gpu, [d]);
+  assert.equal(matmulPath(m, w), c.path, `${ds[0].label} picked the wrong kernel`);
+  await run(gpu, ds);
   const got = await readF32(gpu, y0.buffer, yLen);
   const rows = { rows: m, cols: n, offset: yOffset, stride: yStride };
   const prior = denseRows(y0.values, rows);
@@ -152,7 +153,7 @@ async function checkMatmul(c: MatmulCase, seed: number): Promise<void> {
     bias: bias?.values,
     y: c.accumulate ? prior : undefined,
   });
-  assertClose(`${d.label}${c.small ? ` ${JSON.stringify(c.small)}` : ""}`, gotDense, want);
+  assertClose(`${ds[0].label}${c.small ? ` ${JSON.stringify(c.small)}` : ""}`, gotDense, want);
   // Elements between the strided rows must be untouched.
   for (let i = 0; i < yLen; i++) {
     const j = (i - yOffset) % yStride;
@@ -217,11 +218,43 @@ Deno.test("matmul: forced paths agree with the reference where the default would
     const w = uploadWeight(gpu, wValues, { rows: n, cols: k, dtype: "f16" });
     const want = matmulRef(x.values, weightRef(wValues, "f16"), { m, n, k });
     const y = createStorage(gpu, m * n * 4);
-    const d = matmulDispatch(gpu, { x: x.buffer, w, y }, { m, path });
-    assert.ok(d.label.includes(path));
-    await run(gpu, [d]);
-    assertClose(d.label, await readF32(gpu, y, m * n), want);
+    const ds = matmulDispatches(gpu, { x: x.buffer, w, y }, { m, path });
+    assert.ok(ds[0].label.includes(path));
+    await run(gpu, ds);
+    assertClose(ds[0].label, await readF32(gpu, y, m * n), want);
   }
+});
+
+Deno.test("matmul: decode batches of 32+ rows send wider-than-deep products to tiled, K split", () => {
+  // The GPU rules, on a stand-in for the H200 (no device needed: the choice is arithmetic).
+  const h200 = { adapterName: "NVIDIA H200", maxWorkgroupStorage: 49152 } as Gpu;
+  const weight = (rows: number, cols: number): WeightBuffer => ({
+    buffer: {} as GPUBuffer,
+    dtype: "f16",
+    rows,
+    cols,
+  });
+  // TinyLlama: QKV 2560 x 2048 and gate/up 11264 x 2048 are wider than deep; o and down not.
+  assert.equal(matmulPath(32, weight(2560, 2048)), "tiled");
+  assert.equal(matmulPath(31, weight(2560, 2048)), "small");
+  assert.equal(matmulPath(64, weight(2048, 2048)), "small");
+  assert.equal(matmulPath(32, weight(2048, 5632)), "small");
+  const splits = (m: number, cols: number, k: number, norm = false, swiglu = false) =>
+    tiledTuning(h200, { m, cols, k, norm, swiglu }).splits;
+  // 40 tiles of 32 x 64 for QKV at M = 32: 8 splits of 16 steps; gate/up's 176 tiles: 2.
+  assert.equal(splits(32, 2560, 2048, true), 8);
+  assert.equal(splits(32, 11264, 2048, true, true), 2);
+  assert.equal(splits(64, 2560, 2048, true), 4);
+  assert.equal(splits(128, 2048, 5632), 4);
+  // Enough tiles, too short a K, or past SPLIT_MAX_M rows: no split.
+  assert.equal(splits(64, 32000, 2048, true), 1);
+  assert.equal(splits(32, 2560, 48, true), 1);
+  assert.equal(splits(512, 2048, 2048), 1);
+  // CPU adapters keep their one small shape, unsplit.
+  assert.equal(
+    tiledTuning({ ...h200, adapterName: "llvmpipe" }, { m: 32, cols: 64, k: 4096 }).splits,
+    1,
+  );
 });
 
 /** A `tiled` launch shape forced on an awkward shape, with the fusions the engine uses. */
@@ -285,7 +318,7 @@ async function checkTiled(c: TiledCase, seed: number): Promise<void> {
   const yOffset = c.accumulate ? 5 : 0;
   const yLen = yOffset + m * yStride;
   const y0 = f32Input(gpu, r.uniform(yLen));
-  const d = matmulDispatch(gpu, {
+  const ds = matmulDispatches(gpu, {
     x: x.buffer,
     w,
     y: y0.buffer,
@@ -303,8 +336,11 @@ async function checkTiled(c: TiledCase, seed: number): Promise<void> {
     tiled: c.tiled,
   });
   const t = c.tiled;
-  assert.ok(d.label.endsWith(`${t.bm}x${t.bn}/${t.tm}x${t.tn}`), `${d.label}: not the forced tile`);
-  await run(gpu, [d]);
+  const splits = Math.ceil(k / (Math.ceil(Math.ceil(k / t.bk) / t.splits) * t.bk));
+  const shape = `${t.bm}x${t.bn}/${t.tm}x${t.tn}` + (splits > 1 ? ` split ${splits}` : "");
+  assert.ok(ds[0].label.endsWith(shape), `${ds[0].label}: not the forced tile (${shape})`);
+  assert.equal(ds.length, splits > 1 ? 2 : 1);
+  await run(gpu, ds);
   const got = await readF32(gpu, y0.buffer, yLen);
   const rows = { rows: m, cols: n, offset: yOffset, stride: yStride };
   const y = c.accumulate ? denseRows(y0.values, rows) : undefined;
@@ -315,16 +351,24 @@ async function checkTiled(c: TiledCase, seed: number): Promise<void> {
     : normWeight
     ? matmulNormRef(x.values, ref, { m, n, k, bias: b, y, normWeight, eps })
     : matmulRef(x.values, ref, { m, n, k, bias: b, y });
-  assertClose(`${d.label} bk ${t.bk} bufs ${t.bufs}`, denseRows(got, rows), want);
+  assertClose(`${ds[0].label} bk ${t.bk} bufs ${t.bufs}`, denseRows(got, rows), want);
   for (let i = 0; i < yLen; i++) {
     const j = (i - yOffset) % yStride;
     if (i < yOffset || j >= n) assert.equal(got[i], Math.fround(y0.values[i]), `y[${i}] clobbered`);
   }
 }
 
-/** A `tiled` launch shape: K steps of 16 and two buffers unless given. */
-function tile(bm: number, bn: number, tm: number, tn: number, bk = 16, bufs = 2): TiledTuning {
-  return { bm, bn, tm, tn, bk, bufs };
+/** A `tiled` launch shape: K steps of 16, two buffers and no K split unless given. */
+function tile(
+  bm: number,
+  bn: number,
+  tm: number,
+  tn: number,
+  bk = 16,
+  bufs = 2,
+  splits = 1,
+): TiledTuning {
+  return { bm, bn, tm, tn, bk, bufs, splits };
 }
 
 // The launch shapes the GPU heuristic picks (tiledTuning) and a few more, each at an M and N
@@ -391,6 +435,32 @@ const TILED_CASES: TiledCase[] = [
   },
   { m: 90, n: 70, k: 72, dtype: "f16", tiled: tile(64, 128, 8, 8, 8), swiglu: true, norm: true },
   { m: 300, n: 99, k: 64, dtype: "f16", tiled: tile(32, 64, 4, 4), norm: true, bias: true },
+  // K split over workgroups (decode batches): 13 steps in 3 splits of 5, 5, 3 with the norm's
+  // partial sums; SwiGLU over 4 splits; odd K (element loads) in 5 splits, the last of 13 k;
+  // more splits asked than there are steps (3).
+  {
+    m: 33,
+    n: 70,
+    k: 200,
+    dtype: "f16",
+    tiled: tile(32, 64, 4, 4, 16, 2, 3),
+    norm: true,
+    bias: true,
+    accumulate: true,
+  },
+  {
+    m: 40,
+    n: 45,
+    k: 136,
+    dtype: "f16",
+    tiled: tile(32, 64, 4, 4, 8, 2, 4),
+    swiglu: true,
+    norm: true,
+    bias: true,
+    block: 1,
+  },
+  { m: 20, n: 37, k: 77, dtype: "bf16", tiled: tile(32, 64, 8, 8, 8, 2, 5), accumulate: true },
+  { m: 3, n: 21, k: 48, dtype: "f32", tiled: tile(16, 32, 4, 4, 16, 2, 64), norm: true },
 ];
 
 Deno.test("matmul tiled: forced launch shapes, partial tiles, odd K, fusions", async () => {
@@ -412,19 +482,19 @@ Deno.test("matmul: refuses shapes it cannot serve, with the sizes in the message
   const y = createStorage(gpu, 33 * 4);
   const small = createStorage(gpu, 16);
   assert.throws(
-    () => matmulDispatch(gpu, { x, w, y: small }, { m: 1 }),
+    () => matmulDispatches(gpu, { x, w, y: small }, { m: 1 }),
     /y holds 16 bytes; needs 132/,
   );
-  assert.throws(() => matmulDispatch(gpu, { x, w, y }, { m: 1, path: "small" }), /K % 8 == 0/);
+  assert.throws(() => matmulDispatches(gpu, { x, w, y }, { m: 1, path: "small" }), /K % 8 == 0/);
   assert.throws(
-    () => matmulDispatch(gpu, { x: small, w, y }, { m: 1 }),
+    () => matmulDispatches(gpu, { x: small, w, y }, { m: 1 }),
     /x holds 16 bytes; needs 148/,
   );
   const w64 = uploadWeight(gpu, new Float64Array(33 * 64), { rows: 33, cols: 64, dtype: "f16" });
   const x64 = createStorage(gpu, 8 * 64 * 4);
   const y8 = createStorage(gpu, 8 * 33 * 4);
   const bad = (small: Partial<SmallTuning>) => () =>
-    matmulDispatch(gpu, { x: x64, w: w64, y: y8 }, { m: 8, small });
+    matmulDispatches(gpu, { x: x64, w: w64, y: y8 }, { m: 8, small });
   assert.throws(bad({ rm: 3 }), /rm must be 1, 2, 4 or 8; got 3/);
   assert.throws(bad({ rm: 8, tk: 4 }), /tk must be a power of two >= rm \(8\); got 4/);
   assert.throws(bad({ tn: 3 }), /tn and tm must be powers of two; got 3 and 1/);
@@ -433,11 +503,11 @@ Deno.test("matmul: refuses shapes it cannot serve, with the sizes in the message
   // tiled reads x as whole 16-byte vectors: 37 floats need 160 bytes, not 148
   const x148 = gpu.device.createBuffer({ size: 148, usage: GPUBufferUsage.STORAGE });
   assert.throws(
-    () => matmulDispatch(gpu, { x: x148, w, y }, { m: 1, path: "tiled" }),
+    () => matmulDispatches(gpu, { x: x148, w, y }, { m: 1, path: "tiled" }),
     /x holds 148 bytes; needs 160/,
   );
   const badTiled = (tiled: Partial<TiledTuning>) => () =>
-    matmulDispatch(gpu, { x: x64, w: w64, y: y8 }, { m: 8, path: "tiled", tiled });
+    matmulDispatches(gpu, { x: x64, w: w64, y: y8 }, { m: 8, path: "tiled", tiled });
   assert.throws(badTiled({ bm: 48 }), /tiled bm and bn must be 16, 32, 64 or 128; got 48 and/);
   assert.throws(badTiled({ tm: 2 }), /tiled tm and tn must be 4 or 8; got 2 and/);
   assert.throws(badTiled({ bk: 12 }), /tiled bk must be 8, 16 or 32; got 12/);

@@ -376,15 +376,18 @@ const TILED_CPU: TiledTuning = { bm: 64, bn: 64, tm: 4, tn: 4, bk: 8, bufs: 1, s
 
 /**
  * Default `tiled` launch shape for `m` rows of x into `cols` product columns, `k` deep. CPU
- * adapters get {@linkcode TILED_CPU}. On GPUs, three measured special cases come first:
+ * adapters get {@linkcode TILED_CPU}. On GPUs, measured special cases come first (H200,
+ * TinyLlama f16, µs per call):
  *
  * - M ≤ 64 (the products of decode batches that go to `tiled`, see `WIDE_TILED_M`): 32 × 64
  *   tiles of 4 × 4.
- * - A normed product without SwiGLU (QKV, and the LM head): the same 32 × 64 tiles of 4 × 4
- *   (H200, TinyLlama, µs at M = 256 / 512: 135 / 235, against 160 / 349 with the general
- *   rule's choice).
- * - SwiGLU (gate/up) up to 256 rows: 64 × 128 tiles of 8 × 8, K steps of 8 (384 against 492 µs
- *   at M = 256).
+ * - A normed product without SwiGLU (QKV, and the LM head): the same 32 × 64 tiles of 4 × 4 up
+ *   to 256 rows (M = 256: 135 against 160 with the general rule's choice); above, 64 × 128
+ *   tiles of 8 × 8, K steps of 8, 4 splits (M = 384 / 512: 151 / 182 against 197 / 266 in
+ *   32 × 64 tiles and 169 / 270 unsplit).
+ * - SwiGLU (gate/up) up to 256 rows: 64 × 128 tiles of 8 × 8, K steps of 8 (384 against 492 at
+ *   M = 256); above 384 rows the same in 2 splits (M = 512: 727 against 832 in the general
+ *   rule's 128 × 128 tiles, 767 unsplit; at 384 the 128 × 128 tiles stay ahead, 515 vs 533).
  *
  * Otherwise the first of {@linkcode TILED_SHAPES} whose launch has at least
  * {@linkcode TILED_THREADS} threads in {@linkcode TILED_GROUPS} workgroups, else the last (the
@@ -392,7 +395,7 @@ const TILED_CPU: TiledTuning = { bm: 64, bn: 64, tm: 4, tn: 4, bk: 8, bufs: 1, s
  * fit). E.g. TinyLlama at M = 256: o and down 64 × 64 of 8 × 4; at M = 512: o and down
  * 64 × 128 of 8 × 8, gate/up 128 × 128.
  *
- * Then K is split when M ≤ {@linkcode SPLIT_MAX_M}: into the power of two nearest to
+ * Then, unless a special case set it, K is split when M ≤ {@linkcode SPLIT_MAX_M}: into the power of two nearest to
  * {@linkcode SPLIT_GROUPS} / tiles, each split at least {@linkcode SPLIT_MIN_STEPS} steps.
  * Few-row launches have too few tiles to fill the GPU. H200, TinyLlama f16, µs, split against
  * unsplit (scripts/sweep_kernels.ts): M = 32: QKV (8 splits) 27.3 vs 80.7 (`small`: 30.2),
@@ -411,11 +414,12 @@ const TILED_CPU: TiledTuning = { bm: 64, bn: 64, tm: 4, tn: 4, bk: 8, bufs: 1, s
 export function tiledTuning(gpu: Gpu, opts: TiledTuningOptions): TiledTuning {
   if (isCpuAdapter(gpu)) return TILED_CPU;
   const t = tiledShape(gpu, opts);
-  if (opts.m > SPLIT_MAX_M) return t;
-  const tiles = Math.ceil(opts.m / t.bm) * Math.ceil(opts.cols / t.bn);
   const steps = Math.ceil(opts.k / t.bk);
-  const want = pow2round(SPLIT_GROUPS / tiles);
-  return { ...t, splits: Math.max(1, Math.min(want, Math.floor(steps / SPLIT_MIN_STEPS))) };
+  const most = Math.max(1, Math.floor(steps / SPLIT_MIN_STEPS));
+  if (t.splits > 0) return { ...t, splits: Math.min(t.splits, most) };
+  if (opts.m > SPLIT_MAX_M) return { ...t, splits: 1 };
+  const tiles = Math.ceil(opts.m / t.bm) * Math.ceil(opts.cols / t.bn);
+  return { ...t, splits: Math.min(pow2round(SPLIT_GROUPS / tiles), most) };
 }
 
 /** Workgroups a split launch aims for (about 3 per SM of an H200); see {@linkcode tiledTuning}. */
@@ -431,16 +435,17 @@ const SPLIT_MIN_STEPS = 4;
 
 const pow2round = (v: number) => 2 ** Math.max(0, Math.round(Math.log2(v)));
 
-/** {@linkcode tiledTuning}'s tile on GPUs, before the K split. */
+/** {@linkcode tiledTuning}'s tile on GPUs; `splits` 0 leaves the K split to the rule. */
 function tiledShape(gpu: Gpu, opts: Omit<TiledTuningOptions, "k">): TiledTuning {
   const { m, cols } = opts;
-  // Decode batches (wide products only, see WIDE_TILED_M): 32-row tiles, the measured best.
-  if (m <= SMALL_MAX_M || (opts.norm && !opts.swiglu)) {
-    return { bm: 32, bn: 64, tm: 4, tn: 4, bk: 16, bufs: 2, splits: 1 };
+  const wide = { bm: 64, bn: 128, tm: 8, tn: 8, bk: 8, bufs: 2 };
+  // Decode batches (the products that go to tiled, see WIDE_TILED_M): 32-row tiles.
+  if (m <= SMALL_MAX_M || (opts.norm && !opts.swiglu && m <= SPLIT_MAX_M)) {
+    return { bm: 32, bn: 64, tm: 4, tn: 4, bk: 16, bufs: 2, splits: 0 };
   }
-  if (opts.swiglu && m <= 256) {
-    return { bm: 64, bn: 128, tm: 8, tn: 8, bk: 8, bufs: 2, splits: 1 };
-  }
+  if (opts.norm && !opts.swiglu) return { ...wide, splits: 4 };
+  if (opts.swiglu && m <= SPLIT_MAX_M) return { ...wide, splits: 0 };
+  if (opts.swiglu && m > 384) return { ...wide, splits: 2 };
   const launch = (s: (typeof TILED_SHAPES)[number]) => {
     const groups = Math.ceil(m / s.bm) * Math.ceil(cols / s.bn);
     return { groups, threads: groups * (s.bm / s.tm) * (s.bn / s.tn) };
@@ -450,7 +455,7 @@ function tiledShape(gpu: Gpu, opts: Omit<TiledTuningOptions, "k">): TiledTuning 
     return l.threads >= TILED_THREADS && l.groups >= TILED_GROUPS;
   });
   const shape = fits ?? TILED_SHAPES[TILED_SHAPES.length - 1];
-  const t = { ...shape, bk: shape.bm === 128 && shape.bn === 128 ? 8 : 16, bufs: 2, splits: 1 };
+  const t = { ...shape, bk: shape.bm === 128 && shape.bn === 128 ? 8 : 16, bufs: 2, splits: 0 };
   return tiledBytes(t) <= gpu.maxWorkgroupStorage ? t : { ...t, bufs: 1 };
 }
 

@@ -20,9 +20,11 @@ deno run -A --cached-only .gpu/ceilings.ts 2>&1 | grep -E "read 1GiB wg=256 unro
 for shape in tinyllama qwen2; do
   log "hf_compare $shape"
   timeout 120 python3 scripts/hf_compare.py make --shape "$shape" --out "/tmp/$shape" 2>&1 | tail -2 | tee -a "$out/log.txt"
-  # The prompt five times over (~210 tokens): prefill then runs the tiled matmul (M > 64).
+  # The prompt fifteen times over (~620 tokens): prefill runs the tiled matmul in a chunk of 512
+  # rows and one of ~110 (the launch shapes above and below 256 rows, K split or not).
+  long="$prompt $prompt $prompt $prompt $prompt"
   timeout 90 bash .gpu/run.sh run -A --cached-only main.ts generate --model "/tmp/$shape" \
-    --prompt "$prompt $prompt $prompt $prompt $prompt" --max-tokens 24 \
+    --prompt "$long $long $long" --max-tokens 24 \
     --json > "$out/${shape}_strata.json" 2>>"$out/log.txt"
   timeout 90 python3 scripts/hf_compare.py check --model "/tmp/$shape" --strata "$out/${shape}_strata.json" \
     2>&1 | tail -1 | tee "$out/${shape}_compare.json" | tee -a "$out/log.txt"

@@ -225,7 +225,7 @@ Deno.test("matmul: forced paths agree with the reference where the default would
   }
 });
 
-Deno.test("matmul: decode batches of 32+ rows send wider-than-deep products to tiled, K split", () => {
+Deno.test("matmul: path and tiled launch-shape rules (decode batches, K splits, prefill chunks)", () => {
   // The GPU rules, on a stand-in for the H200 (no device needed: the choice is arithmetic).
   const h200 = { adapterName: "NVIDIA H200", maxWorkgroupStorage: 49152 } as Gpu;
   const weight = (rows: number, cols: number): WeightBuffer => ({
@@ -250,6 +250,14 @@ Deno.test("matmul: decode batches of 32+ rows send wider-than-deep products to t
   assert.equal(splits(64, 32000, 2048, true), 1);
   assert.equal(splits(32, 2560, 48, true), 1);
   assert.equal(splits(512, 2048, 2048), 1);
+  // Prefill chunks past 256 rows: QKV and gate/up in 64 x 128 tiles, K in 4 and 2 splits.
+  const tile = (m: number, cols: number, norm: boolean, swiglu: boolean) => {
+    const t = tiledTuning(h200, { m, cols, k: 2048, norm, swiglu });
+    return `${t.bm}x${t.bn}/${t.tm}x${t.tn} bk ${t.bk} split ${t.splits}`;
+  };
+  assert.equal(tile(512, 2560, true, false), "64x128/8x8 bk 8 split 4");
+  assert.equal(tile(512, 11264, true, true), "64x128/8x8 bk 8 split 2");
+  assert.equal(tile(384, 11264, true, true), "128x128/8x8 bk 8 split 1");
   // CPU adapters keep their one small shape, unsplit.
   assert.equal(
     tiledTuning({ ...h200, adapterName: "llvmpipe" }, { m: 32, cols: 64, k: 4096 }).splits,

@@ -563,9 +563,11 @@ export function matmulDispatches(
       ...opts.tiled,
     };
     checkTiled(gpu, label, t, w.dtype);
-    // K in whole steps per split; the last split may be shorter, none is empty.
+    // K in whole steps per split; the last split may be shorter, none is empty. The partial
+    // sums must fit one binding.
     const steps = Math.ceil(k / t.bk);
-    const kspan = Math.ceil(steps / Math.min(t.splits, steps)) * t.bk;
+    const fit = Math.floor(gpu.maxBinding / (m * (cols + 1) * 4));
+    const kspan = Math.ceil(steps / Math.max(1, Math.min(t.splits, steps, fit))) * t.bk;
     const splits = Math.ceil(k / kspan);
     const tiles = Math.ceil(m / t.bm) * Math.ceil(cols / t.bn);
     const groups = grid(tiles * splits);

@@ -292,7 +292,7 @@ export interface SmallTuningOptions {
  *   product is wider than W is deep (measured; see the end of this function). Each unit of
  *   W feeds 4·rm (16-bit: 8·rm) multiply-adds per 16-byte load.
  * - tk: a launch has ≈ ⌈m / rm⌉ · cols / 4 · tk threads whatever the tile, so tk is what
- *   brings it to {@linkcode SMALL_THREADS} (at least rm; at most K's units / unroll, so every
+ *   brings it to {@linkcode smallThreads} (at least rm; at most K's units / unroll, so every
  *   lane has a full iteration).
  * - tm, tn: with tk fixed, a workgroup of 256 threads has a fixed tile area; its shape sets the
  *   L2 → SM traffic per multiply-add, 4 bytes of x / (4·tn) + bytes of W / (rm·tm), minimised
@@ -311,7 +311,8 @@ export function smallTuning(w: WeightBuffer, opts: SmallTuningOptions): SmallTun
   const rowTiles = Math.ceil(m / rm);
   const units = w.cols / unitWidth(w.dtype);
   const most = Math.min(SMALL_GROUP, pow2floor(Math.max(1, units / unroll)));
-  const tk = Math.max(rm, Math.min(most, pow2ceil((4 * SMALL_THREADS) / (cols * rowTiles))));
+  const threads = smallThreads(m, w.cols, cols);
+  const tk = Math.max(rm, Math.min(most, pow2ceil((4 * threads) / (cols * rowTiles))));
   const colGroups = pow2ceil(Math.ceil(cols / 4));
   let best = { tm: 1, tn: 1, cost: Infinity };
   for (let tm = 1; tm <= pow2ceil(rowTiles) && tk * tm <= SMALL_GROUP; tm *= 2) {
@@ -325,6 +326,23 @@ export function smallTuning(w: WeightBuffer, opts: SmallTuningOptions): SmallTun
   // (24 vs 28 µs, 46 vs 57 µs), as were all five at M = 1.
   const narrow = rm === 8 && cols > w.cols ? 4 : rm;
   return { rm: narrow, tm: best.tm, tn: best.tn, tk, unroll: narrow === 8 ? 2 : unroll };
+}
+
+/**
+ * Threads a `small` launch aims for: {@linkcode SMALL_THREADS}, with two measured exceptions
+ * (H200, TinyLlama f16, µs per call, scripts/sweep_kernels.ts, against ½ and 2× as many):
+ *
+ * - twice as many for a single row times a deep W (K > N: down at M = 1, 12.3 → 10.6): its few
+ *   columns give few column groups, and more K lanes keep more loads in flight;
+ * - half as many from 8 rows for products wider than deep by at most 8× (QKV and gate/up, which
+ *   go to `tiled` from 32 rows): M = 8, 17.1 → 13.9 and 40.3 → 35.8; M = 16, 21.5 → 18.9 and
+ *   65.0 → 57.9. The LM head (16× wider) was slower with half (82.7 → 106 at M = 8), as were QKV
+ *   and gate/up at M = 4 taken together (15.1 → 12.4 but 22.4 → 26.7).
+ */
+function smallThreads(m: number, k: number, cols: number): number {
+  if (m === 1 && k > cols) return 2 * SMALL_THREADS;
+  if (m >= 8 && cols > k && cols <= 8 * k) return SMALL_THREADS / 2;
+  return SMALL_THREADS;
 }
 
 /** Shape of {@linkcode tiledTuning}. */

@@ -413,9 +413,9 @@ const TILED_CPU: TiledTuning = { bm: 64, bn: 64, tm: 4, tn: 4, bk: 8, bufs: 1, s
  * fit). E.g. TinyLlama at M = 256: o and down 64 × 64 of 8 × 4; at M = 512: o and down
  * 64 × 128 of 8 × 8, gate/up 128 × 128.
  *
- * Then, unless a special case set it, K is split when M ≤ {@linkcode SPLIT_MAX_M}: into the power of two nearest to
- * {@linkcode SPLIT_GROUPS} / tiles, each split at least {@linkcode SPLIT_MIN_STEPS} steps.
- * Few-row launches have too few tiles to fill the GPU. H200, TinyLlama f16, µs, split against
+ * Then, unless a special case set it, K is split when M ≤ {@linkcode SPLIT_MAX_M}: into the
+ * power of two nearest to {@linkcode SPLIT_GROUPS} / tiles, each split at least
+ * {@linkcode SPLIT_MIN_STEPS} steps. Few-row launches have too few tiles to fill the GPU. H200, TinyLlama f16, µs, split against
  * unsplit (scripts/sweep_kernels.ts): M = 32: QKV (8 splits) 27.3 vs 80.7 (`small`: 30.2),
  * gate/up (2) 75.7 vs 99.8; M = 64: QKV (4) 42.8 vs 78.3 (`small`: 57.6); M = 128: QKV 75.8 vs
  * 101, o 57.0 vs 79.2, gate/up 207 vs 268, down 148 vs 227; M = 256: o 81.2 vs 91.0, down 202
@@ -463,7 +463,7 @@ function tiledShape(gpu: Gpu, opts: Omit<TiledTuningOptions, "k">): TiledTuning 
   }
   if (opts.norm && !opts.swiglu) return { ...wide, splits: 4 };
   if (opts.swiglu && m <= SPLIT_MAX_M) return { ...wide, splits: 0 };
-  if (opts.swiglu && m > 384) return { ...wide, splits: 2 };
+  if (opts.swiglu && m > 384) return { ...wide, splits: 2 }; // 384 measured: see the doc above
   const launch = (s: (typeof TILED_SHAPES)[number]) => {
     const groups = Math.ceil(m / s.bm) * Math.ceil(cols / s.bn);
     return { groups, threads: groups * (s.bm / s.tm) * (s.bn / s.tn) };
@@ -515,13 +515,14 @@ function scratch(gpu: Gpu, bytes: number): GPUBuffer {
  *   `small` launch shape is invalid or over the device's workgroup limits.
  * @example
  * // o-projection with the residual add fused: h += attn · Woᵀ
- * const d = matmulDispatches(gpu, { x: attn, w: wo, y: h }, { m: 1, accumulate: true });
+ * const o = matmulDispatches(gpu, { x: attn, w: wo, y: h }, { m: 1, accumulate: true });
  * // the MLP's first half: act = silu(norm(x) · Wgᵀ) ⊙ (norm(x) · Wuᵀ)
  * const mlp = matmulDispatches(gpu, { x, w: gateUp, y: act, normWeight: mlpNorm }, {
  *   m: 1,
  *   eps: 1e-5,
  *   swiglu: true,
  * });
+ * encode(pass, [...o, ...mlp]); // one dispatch each here; two when a tiled launch splits K
  */
 export function matmulDispatches(
   gpu: Gpu,
@@ -626,10 +627,7 @@ export function matmulDispatches(
       pipeline: reduce,
       bindGroup: gpu.device.createBindGroup({
         layout: reduce.getBindGroupLayout(0),
-        entries: [[0, u], [3, bias], [5, y], [6, part]].map(([binding, buffer]) => ({
-          binding: binding as number,
-          resource: { buffer: buffer as GPUBuffer },
-        })),
+        entries: [at(0, u), at(3, bias), at(5, y), at(6, part)], // what `reduce` uses
       }),
       workgroups: grid(Math.ceil((m * n) / 256)),
     }];
@@ -649,6 +647,9 @@ export function matmulDispatches(
 }
 
 const ceil16 = (bytes: number) => Math.ceil(bytes / 16) * 16;
+
+/** A bind group entry: `buffer`, whole, at `binding`. */
+const at = (binding: number, buffer: GPUBuffer) => ({ binding, resource: { buffer } });
 
 interface Shape {
   m: number;

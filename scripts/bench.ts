@@ -300,10 +300,10 @@ async function timed(engine: Engine, promptIds: number[], maxTokens: number): Pr
 
 /**
  * Random prompts of `len` ids below `vocab`, a different one each call: identical prompts would
- * share cached KV blocks and skip prefill.
+ * share cached KV blocks and skip prefill. `seed` picks the sequence of prompts.
  */
-function promptMaker(vocab: number, len: number): () => number[] {
-  let a = 0x5eed;
+export function promptMaker(vocab: number, len: number, seed = 0x5eed): () => number[] {
+  let a = seed >>> 0;
   const next = () => {
     a = (a + 0x6d2b79f5) >>> 0;
     let t = Math.imul(a ^ (a >>> 15), a | 1);

@@ -1,0 +1,67 @@
+/**
+ * Does a sequence decode the same alone as in a batch? On a GPU the batch size picks the matmul
+ * kernels (`small` at batch 1; `tiled` with K split over workgroups for QKV and gate/up from 32
+ * rows, see kernels/matmul.ts), so batch 1 and batch 32 add their products in different orders.
+ * Greedy tokens may then part at a near-tie; until they do, the logprobs of the chosen tokens
+ * must agree to float rounding. Prints one JSON line: sequences compared, how many kept every
+ * token, steps compared before a parting, and the largest |Δ logprob| over those steps.
+ *
+ *   deno run -A scripts/batch_check.ts --model DIR [--batch 32] [--tokens 24]
+ *
+ * scripts/gpu_check.sh runs it on the random TinyLlama-shape model of its HF comparison.
+ */
+import { parseArgs } from "node:util";
+import { Engine } from "../engine/engine.ts";
+import { sampling } from "../engine/api.ts";
+import { promptMaker } from "./bench.ts";
+
+const { values: v } = parseArgs({
+  options: {
+    model: { type: "string" },
+    batch: { type: "string", default: "32" },
+    tokens: { type: "string", default: "24" },
+  },
+});
+if (!v.model) throw new Error("batch_check: --model DIR is required");
+const batch = Number(v.batch), tokens = Number(v.tokens);
+if (!(Number.isInteger(batch) && batch >= 1 && Number.isInteger(tokens) && tokens >= 1)) {
+  throw new Error(`batch_check: --batch and --tokens must be integers >= 1`);
+}
+const engine = await Engine.load(v.model, { maxSlots: batch, contextLength: 256 });
+const vocab = engine.decoder.cfg.vocabSize;
+// Ragged prompts of 1..120 tokens, so the batch's slots sit at different positions.
+const prompts = Array.from(
+  { length: batch },
+  (_, i) => promptMaker(vocab, 1 + ((i * 37) % 120), 1000 + i)(),
+);
+const run = async (ids: number[]) => {
+  const gen = engine.generate({
+    promptIds: ids,
+    sampling: sampling({ maxTokens: tokens, stopAtEos: false }),
+  });
+  const out: { id: number; logprob: number }[] = [];
+  for await (const t of gen) out.push({ id: t.id, logprob: t.logprob });
+  return out;
+};
+const alone = [];
+for (const p of prompts) alone.push(await run(p));
+const together = await Promise.all(prompts.map(run));
+let identical = 0, steps = 0, worst = 0;
+for (let i = 0; i < batch; i++) {
+  let j = 0;
+  for (; j < tokens; j++) {
+    worst = Math.max(worst, Math.abs(alone[i][j].logprob - together[i][j].logprob));
+    steps++;
+    if (alone[i][j].id !== together[i][j].id) break;
+  }
+  if (j === tokens) identical++;
+}
+console.log(JSON.stringify({
+  model: v.model,
+  adapter: engine.gpu.adapterName,
+  batch,
+  tokens,
+  identical_sequences: identical,
+  steps_compared: steps,
+  max_abs_dlogprob: worst,
+}));

@@ -739,6 +739,9 @@ function checkTiled(gpu: Gpu, label: string, t: TiledTuning, dtype: DType): void
   }
   if (![8, 16, 32].includes(t.bk)) fail(label, `tiled bk must be 8, 16 or 32; got ${t.bk}`);
   if (t.bufs !== 1 && t.bufs !== 2) fail(label, `tiled bufs must be 1 or 2; got ${t.bufs}`);
+  if (!(Number.isInteger(t.splits) && t.splits >= 1)) {
+    fail(label, `tiled splits must be an integer >= 1; got ${t.splits}`);
+  }
   const threads = (t.bm / t.tm) * (t.bn / t.tn);
   // 16-byte loads per thread and step: the kernel keeps at most 4 of x and 4 of W in flight.
   const xLoads = Math.ceil((t.bm * t.bk) / 4 / threads);

@@ -520,6 +520,8 @@ Deno.test("matmul: refuses shapes it cannot serve, with the sizes in the message
   assert.throws(badTiled({ tm: 2 }), /tiled tm and tn must be 4 or 8; got 2 and/);
   assert.throws(badTiled({ bk: 12 }), /tiled bk must be 8, 16 or 32; got 12/);
   assert.throws(badTiled({ bufs: 3 }), /tiled bufs must be 1 or 2; got 3/);
+  assert.throws(badTiled({ splits: 0 }), /tiled splits must be an integer >= 1; got 0/);
+  assert.throws(badTiled({ splits: NaN }), /tiled splits must be an integer >= 1; got NaN/);
   assert.throws(
     badTiled({ bm: 16, bn: 16, tm: 8, tn: 8, bk: 32 }),
     /needs 32 loads of x and 16 of W per thread and step; at most 4 each/,

@@ -1,4 +1,5 @@
-// kernels/matmul.ts prepends matmul_common.wgsl: WDTYPE, NORM, SWIGLU, unpack2, w_row, store_out.
+// kernels/matmul.ts prepends matmul_common.wgsl: WDTYPE, NORM, SWIGLU, unpack2, w_row, store_out,
+// store4.
 // Tiled matmul for prefill (M > 64 rows): y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n]).
 //
 // Classic SGEMM register blocking. A workgroup of (BM / TM) x (BN / TN) threads owns a BM x BN
@@ -463,15 +464,7 @@ fn store(m: u32, c0: u32, v: vec4<f32>, split: u32) {
     }
     return;
   }
-  if (SWIGLU) {
-    store_out(m, c0 / 2u, v.x, v.y);
-    store_out(m, c0 / 2u + 1u, v.z, v.w);
-    return;
-  }
-  store_out(m, c0, v.x, 0.0);
-  store_out(m, c0 + 1u, v.y, 0.0);
-  store_out(m, c0 + 2u, v.z, 0.0);
-  store_out(m, c0 + 3u, v.w, 0.0);
+  store4(m, c0, v);
 }
 
 @compute @workgroup_size((BM / TM) * (BN / TN))

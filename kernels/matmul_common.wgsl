@@ -1,6 +1,7 @@
 // Shared by the three matmul kernels (kernels/matmul.ts prepends it to each): the override
-// switches, weight unpacking, the gate/up row map and the epilogue. Each kernel declares
-// `p: Params` (with n, y_stride, y_offset, flags, block), `bias: array<f32>` and `y: array<f32>`.
+// switches, weight unpacking, the gate/up row map and the epilogue (store_out, store4). Each
+// kernel declares `p: Params` (with n, y_stride, y_offset, flags, block), `bias: array<f32>`
+// and `y: array<f32>`.
 
 override WDTYPE: u32 = 1u; // 0 = f32, 1 = f16, 2 = bf16
 override NORM: bool = false; // fold RMSNorm(x) * nw into the product
@@ -48,4 +49,18 @@ fn store_out(m: u32, n: u32, a: f32, b: f32) {
     r += y[o];
   }
   y[o] = r;
+}
+
+// Writes row m of the 4 product columns c0.. (c0 a multiple of 4; with SWIGLU two whole
+// gate, up pairs) through store_out.
+fn store4(m: u32, c0: u32, v: vec4<f32>) {
+  if (SWIGLU) {
+    store_out(m, c0 / 2u, v.x, v.y);
+    store_out(m, c0 / 2u + 1u, v.z, v.w);
+    return;
+  }
+  store_out(m, c0, v.x, 0.0);
+  store_out(m, c0 + 1u, v.y, 0.0);
+  store_out(m, c0 + 2u, v.z, 0.0);
+  store_out(m, c0 + 3u, v.w, 0.0);
 }

@@ -1,4 +1,5 @@
-// kernels/matmul.ts prepends matmul_common.wgsl: WDTYPE, NORM, SWIGLU, unpack2, w_row, store_out.
+// kernels/matmul.ts prepends matmul_common.wgsl: WDTYPE, NORM, SWIGLU, unpack2, w_row, store_out,
+// store4.
 // Register-blocked matmul for decode batches and short prompts (M = 1..64 rows of x):
 //   y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n])
 // W is read in 16-byte units (8 halves or 4 f32, vec4<u32> loads); each unit is widened once
@@ -233,19 +234,6 @@ fn pick(acc: array<vec4<f32>, 8>, r: u32) -> vec4<f32> {
     v = select(select(v, acc[6], r == 6u), acc[7], r == 7u);
   }
   return v;
-}
-
-// Writes row m of the 4 product columns c0.. (c0 a multiple of 4).
-fn store4(m: u32, c0: u32, v: vec4<f32>) {
-  if (SWIGLU) {
-    store_out(m, c0 / 2u, v.x, v.y);
-    store_out(m, c0 / 2u + 1u, v.z, v.w);
-    return;
-  }
-  store_out(m, c0, v.x, 0.0);
-  store_out(m, c0 + 1u, v.y, 0.0);
-  store_out(m, c0 + 2u, v.z, 0.0);
-  store_out(m, c0 + 3u, v.w, 0.0);
 }
 
 @compute @workgroup_size(TK * TN * TM)

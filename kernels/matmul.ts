@@ -718,15 +718,7 @@ function checkSmall(gpu: Gpu, label: string, t: SmallTuning): void {
     fail(label, `small tn and tm must be powers of two; got ${t.tn} and ${t.tm}`);
   }
   if (![1, 2, 4].includes(t.unroll)) fail(label, `small unroll must be 1, 2 or 4; got ${t.unroll}`);
-  const L = gpu.device.limits;
-  const most = Math.min(L.maxComputeInvocationsPerWorkgroup, L.maxComputeWorkgroupSizeX);
-  if (threads > most || bytes > gpu.maxWorkgroupStorage) {
-    fail(
-      label,
-      `small workgroup of ${threads} threads and ${bytes} bytes is over the device's ` +
-        `${most} threads / ${gpu.maxWorkgroupStorage} bytes`,
-    );
-  }
+  checkWorkgroup(gpu, label, "small", threads, bytes);
 }
 
 function checkTiled(gpu: Gpu, label: string, t: TiledTuning, dtype: DType): void {
@@ -753,13 +745,23 @@ function checkTiled(gpu: Gpu, label: string, t: TiledTuning, dtype: DType): void
         `thread and step; at most 4 each (a smaller bk, tm or tn)`,
     );
   }
-  const bytes = tiledBytes(t);
+  checkWorkgroup(gpu, label, "tiled", threads, tiledBytes(t));
+}
+
+/** Fails when a `kernel` workgroup of `threads` threads and `bytes` of memory is over the device's. */
+function checkWorkgroup(
+  gpu: Gpu,
+  label: string,
+  kernel: string,
+  threads: number,
+  bytes: number,
+): void {
   const L = gpu.device.limits;
   const most = Math.min(L.maxComputeInvocationsPerWorkgroup, L.maxComputeWorkgroupSizeX);
   if (threads > most || bytes > gpu.maxWorkgroupStorage) {
     fail(
       label,
-      `tiled workgroup of ${threads} threads and ${bytes} bytes is over the device's ` +
+      `${kernel} workgroup of ${threads} threads and ${bytes} bytes is over the device's ` +
         `${most} threads / ${gpu.maxWorkgroupStorage} bytes`,
     );
   }

@@ -16,6 +16,7 @@ import {
   type MatmulPath,
   matmulPath,
   type SmallTuning,
+  smallTuning,
   type TiledTuning,
   tiledTuning,
   uploadWeight,
@@ -225,7 +226,7 @@ Deno.test("matmul: forced paths agree with the reference where the default would
   }
 });
 
-Deno.test("matmul: path and tiled launch-shape rules (decode batches, K splits, prefill chunks)", () => {
+Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefill chunks, small lanes)", () => {
   // The GPU rules, on a stand-in for the H200 (no device needed: the choice is arithmetic).
   const h200 = { adapterName: "NVIDIA H200", maxWorkgroupStorage: 49152 } as Gpu;
   const weight = (rows: number, cols: number): WeightBuffer => ({
@@ -258,6 +259,13 @@ Deno.test("matmul: path and tiled launch-shape rules (decode batches, K splits, 
   assert.equal(tile(512, 2560, true, false), "64x128/8x8 bk 8 split 4");
   assert.equal(tile(512, 11264, true, true), "64x128/8x8 bk 8 split 2");
   assert.equal(tile(384, 11264, true, true), "128x128/8x8 bk 8 split 1");
+  // small's K lanes: twice the threads for a deep W at one row (down: 256 lanes, not 128), half
+  // from 8 rows for products up to 8x wider than deep (gate/up: 16, not 32), none for the LM head.
+  assert.equal(smallTuning(weight(2048, 5632), { m: 1, cols: 2048 }).tk, 256);
+  assert.equal(smallTuning(weight(2048, 2048), { m: 1, cols: 2048 }).tk, 128);
+  assert.equal(smallTuning(weight(11264, 2048), { m: 8, cols: 11264 }).tk, 16);
+  assert.equal(smallTuning(weight(11264, 2048), { m: 4, cols: 11264 }).tk, 32);
+  assert.equal(smallTuning(weight(32000, 2048), { m: 8, cols: 32000 }).tk, 16);
   // CPU adapters keep their one small shape, unsplit.
   assert.equal(
     tiledTuning({ ...h200, adapterName: "llvmpipe" }, { m: 32, cols: 64, k: 4096 }).splits,

@@ -33,15 +33,17 @@ import {
   swigluRef,
   weightRef,
 } from "../kernels/reference.ts";
-import { assertClose, denseRows, rng, testGpu } from "./util.ts";
+import {
+  assertClose,
+  denseRows,
+  f32Input,
+  outputRows,
+  readOutputRows,
+  rng,
+  testGpu,
+} from "./util.ts";
 
 const DTYPES: DType[] = ["f32", "f16", "bf16"];
-
-/** f32 values as a buffer, and the same values widened back (what the GPU sees). */
-function f32Input(gpu: Awaited<ReturnType<typeof testGpu>>, values: ArrayLike<number>) {
-  const f = Float32Array.from(values);
-  return { buffer: createStorage(gpu, f.byteLength, f), values: Float64Array.from(f) };
-}
 
 Deno.test("embedding: every dtype, odd width, repeated and last ids", async () => {
   const gpu = await testGpu();
@@ -130,36 +132,25 @@ async function checkMatmul(c: MatmulCase, seed: number): Promise<void> {
   const w = uploadWeight(gpu, wValues, { rows: n, cols: k, dtype });
   const bias = c.bias ? f32Input(gpu, r.uniform(n)) : undefined;
   // Accumulating cases write into a wider y at an offset, so stride and offset get tested too.
-  const yStride = c.accumulate ? n + 3 : n;
-  const yOffset = c.accumulate ? 5 : 0;
-  const yLen = yOffset + m * yStride;
-  const y0 = f32Input(gpu, r.uniform(yLen));
+  const y0 = outputRows(gpu, r, m, n, !!c.accumulate);
   const ds = matmulDispatches(gpu, { x: x.buffer, w, y: y0.buffer, bias: bias?.buffer }, {
     m,
     accumulate: c.accumulate,
-    yStride,
-    yOffset,
+    yStride: y0.at.stride,
+    yOffset: y0.at.offset,
     small: c.small,
   });
   assert.equal(matmulPath(m, w), c.path, `${ds[0].label} picked the wrong kernel`);
   await run(gpu, ds);
-  const got = await readF32(gpu, y0.buffer, yLen);
-  const rows = { rows: m, cols: n, offset: yOffset, stride: yStride };
-  const prior = denseRows(y0.values, rows);
-  const gotDense = denseRows(got, rows);
+  const gotDense = await readOutputRows(gpu, y0); // elements between the rows untouched
   const want = matmulRef(x.values, weightRef(wValues, dtype), {
     m,
     n,
     k,
     bias: bias?.values,
-    y: c.accumulate ? prior : undefined,
+    y: c.accumulate ? denseRows(y0.values, y0.at) : undefined,
   });
   assertClose(`${ds[0].label}${c.small ? ` ${JSON.stringify(c.small)}` : ""}`, gotDense, want);
-  // Elements between the strided rows must be untouched.
-  for (let i = 0; i < yLen; i++) {
-    const j = (i - yOffset) % yStride;
-    if (i < yOffset || j >= n) assert.equal(got[i], Math.fround(y0.values[i]), `y[${i}] clobbered`);
-  }
 }
 
 const MATMUL_CASES: MatmulCase[] = [
@@ -330,10 +321,7 @@ async function checkTiled(c: TiledCase, seed: number): Promise<void> {
   const x = f32Input(gpu, r.uniform(m * k, 2));
   const nw = f32Input(gpu, Float64Array.from(r.uniform(k), (v) => 1 + v / 2));
   const { w, ref, bias } = tiledWeights(gpu, c, seed + 1);
-  const yStride = c.accumulate ? n + 3 : n;
-  const yOffset = c.accumulate ? 5 : 0;
-  const yLen = yOffset + m * yStride;
-  const y0 = f32Input(gpu, r.uniform(yLen));
+  const y0 = outputRows(gpu, r, m, n, !!c.accumulate);
   const ds = matmulDispatches(gpu, {
     x: x.buffer,
     w,
@@ -343,8 +331,8 @@ async function checkTiled(c: TiledCase, seed: number): Promise<void> {
   }, {
     m,
     accumulate: c.accumulate,
-    yStride,
-    yOffset,
+    yStride: y0.at.stride,
+    yOffset: y0.at.offset,
     eps: c.norm ? eps : undefined,
     swiglu: c.swiglu,
     swigluBlock: c.block,
@@ -357,9 +345,8 @@ async function checkTiled(c: TiledCase, seed: number): Promise<void> {
   assert.ok(ds[0].label.endsWith(shape), `${ds[0].label}: not the forced tile (${shape})`);
   assert.equal(ds.length, splits > 1 ? 2 : 1);
   await run(gpu, ds);
-  const got = await readF32(gpu, y0.buffer, yLen);
-  const rows = { rows: m, cols: n, offset: yOffset, stride: yStride };
-  const y = c.accumulate ? denseRows(y0.values, rows) : undefined;
+  const got = await readOutputRows(gpu, y0);
+  const y = c.accumulate ? denseRows(y0.values, y0.at) : undefined;
   const b = c.bias ? bias.values : undefined;
   const normWeight = c.norm ? nw.values : undefined;
   const want = c.swiglu
@@ -367,11 +354,7 @@ async function checkTiled(c: TiledCase, seed: number): Promise<void> {
     : normWeight
     ? matmulNormRef(x.values, ref, { m, n, k, bias: b, y, normWeight, eps })
     : matmulRef(x.values, ref, { m, n, k, bias: b, y });
-  assertClose(`${ds[0].label} bk ${t.bk} bufs ${t.bufs}`, denseRows(got, rows), want);
-  for (let i = 0; i < yLen; i++) {
-    const j = (i - yOffset) % yStride;
-    if (i < yOffset || j >= n) assert.equal(got[i], Math.fround(y0.values[i]), `y[${i}] clobbered`);
-  }
+  assertClose(`${ds[0].label} bk ${t.bk} bufs ${t.bufs}`, got, want);
 }
 
 /** A `tiled` launch shape: K steps of 16, two buffers and no K split unless given. */

@@ -1,5 +1,6 @@
 /** Test helpers: a seeded RNG, array comparison that reports like llm.c, the adapter banner. */
-import { getGpu, type Gpu } from "../engine/gpu.ts";
+import assert from "node:assert/strict";
+import { createStorage, getGpu, type Gpu, readF32 } from "../engine/gpu.ts";
 
 /** mulberry32: a small seeded PRNG; `next()` is uniform in [0, 1). */
 export function rng(seed: number) {
@@ -90,6 +91,48 @@ export function denseRows(values: ArrayLike<number>, at: StridedRows): Float64Ar
     for (let j = 0; j < at.cols; j++) out[i * at.cols + j] = values[at.offset + i * at.stride + j];
   }
   return out;
+}
+
+/** f32 values as a buffer, and the same values widened back (what the GPU sees). */
+export function f32Input(gpu: Gpu, values: ArrayLike<number>) {
+  const f = Float32Array.from(values);
+  return { buffer: createStorage(gpu, f.byteLength, f), values: Float64Array.from(f) };
+}
+
+/** {@linkcode outputRows}: the buffer, its f32 values widened, where the rows sit, its length. */
+export interface OutputRows {
+  buffer: GPUBuffer;
+  values: Float64Array;
+  at: StridedRows;
+  len: number;
+}
+
+/**
+ * A kernel's `rows × cols` output in a buffer of random values from `r`. With `strided`, row i
+ * sits at 5 + i · (cols + 3), so the kernel's offset, stride and `+=` get tested too.
+ */
+export function outputRows(
+  gpu: Gpu,
+  r: ReturnType<typeof rng>,
+  rows: number,
+  cols: number,
+  strided: boolean,
+): OutputRows {
+  const at = { rows, cols, offset: strided ? 5 : 0, stride: strided ? cols + 3 : cols };
+  const len = at.offset + rows * at.stride;
+  return { ...f32Input(gpu, r.uniform(len)), at, len };
+}
+
+/** Reads `y` back, asserts that nothing outside its rows changed, and returns the rows packed. */
+export async function readOutputRows(gpu: Gpu, y: OutputRows): Promise<Float64Array> {
+  const got = await readF32(gpu, y.buffer, y.len);
+  for (let i = 0; i < y.len; i++) {
+    const j = (i - y.at.offset) % y.at.stride;
+    if (i < y.at.offset || j >= y.at.cols) {
+      assert.equal(got[i], Math.fround(y.values[i]), `y[${i}] clobbered`);
+    }
+  }
+  return denseRows(got, y.at);
 }
 
 let printed = false;

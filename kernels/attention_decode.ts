@@ -111,6 +111,11 @@ export interface AttentionDecodeOptions extends AttentionDecodeScratchOptions {
   scale?: number;
   /** Cap on workgroup memory in bytes (default: see {@linkcode attentionDecodeGeometry}). */
   maxTileBytes?: number;
+  /**
+   * Workgroups per kv head at least (default: 2 when the launch would have fewer than
+   * `TARGET_WORKGROUPS` workgroups, else 1; see {@linkcode attentionDecodeDispatches}).
+   */
+  minRowGroups?: number;
 }
 
 /** Split count for these options: 1 = single pass, no `combine`. */
@@ -165,6 +170,8 @@ export interface AttentionDecodeGeometryOptions {
   group: number;
   /** Workgroup memory to stay within (default 16 KiB; 2.5 KiB on llvmpipe through GL). */
   maxBytes?: number;
+  /** Workgroups per kv head at least (default 1), at most `group`. */
+  minRowGroups?: number;
 }
 
 /**
@@ -195,7 +202,8 @@ export function attentionDecodeGeometry(
   for (const wg of THREADS) {
     const keys = wg / TPK, kg = Math.floor(wg / d4);
     if (kg < 1 || Math.ceil(keys / kg) > VMAX) continue;
-    for (let rowGroups = Math.ceil(group / RMAX); rowGroups <= group; rowGroups++) {
+    const first = Math.max(Math.ceil(group / RMAX), Math.min(opts.minRowGroups ?? 1, group));
+    for (let rowGroups = first; rowGroups <= group; rowGroups++) {
       const rows = Math.ceil(group / rowGroups);
       for (let rpr = Math.min(rows, 2); rpr >= 1; rpr--) {
         const bytes = 16 * rows * d4 + 16 * Math.max(rows * keys, rpr * kg * d4) +
@@ -228,10 +236,18 @@ function sharedScratch(gpu: Gpu, bytes: number): GPUBuffer {
  * passes `pos = seqLen - 1` for running slots and the trash position for finished ones, as
  * `step_begin` leaves them.
  *
- * One dispatch (a single pass) when `seqs · nKvHeads` workgroups already fill an H200 (≥ 128) or
+ * One dispatch (a single pass) when `seqs · nKvHeads` workgroups already fill an H200 (≥ 256) or
  * `maxContext` is at most 256 keys; otherwise up to 64 splits (about 256 workgroups, at most one
  * per 64 keys of `maxContext`) and a `combine` dispatch. Each slot's chunks are spread over the
  * splits by its own length, so any length stays correct; `maxContext` only sets the split count.
+ *
+ * When the launch still has fewer than 256 workgroups (`splits · nKvHeads · seqs`: small batches,
+ * short contexts), the q heads of a kv head are shared by two workgroups instead of one (4 rows
+ * each with GQA 8), which halves each workgroup's serial work per chunk. H200, TinyLlama heads,
+ * µs per layer, one row group vs two (scripts/sweep_kernels.ts): batch 1 11.2 → 9.9 at context
+ * 640 and 11.3 → 10.6 at 2048; batch 2 11.3 → 10.5 and batch 4 12.4 → 11.8 at 640. From 256
+ * workgroups on it was slower: batch 2 at 2048 12.7 → 17.1, batch 4 19.0 → 24.5, batch 8 at 640
+ * 16.5 → 17.1.
  *
  * @throws Error ("internal error") on shapes that do not fit, or scratch over the binding limit.
  * @example
@@ -255,8 +271,14 @@ export function attentionDecodeDispatches(
   if (!(layer >= 0 && layer < nLayers && maxBlocks >= 1)) {
     throw new Error(`internal error: decode attention layer ${layer} of ${nLayers}`);
   }
-  const geo = attentionDecodeGeometry(gpu, { headDim: D, group, maxBytes: opts.maxTileBytes });
   const splits = splitCount(opts);
+  const few = splits * nKvHeads * seqs < TARGET_WORKGROUPS;
+  const geo = attentionDecodeGeometry(gpu, {
+    headDim: D,
+    group,
+    maxBytes: opts.maxTileBytes,
+    minRowGroups: opts.minRowGroups ?? (few ? 2 : 1),
+  });
   const bytes = attentionDecodeScratchBytes(opts);
   if (bytes > gpu.maxBinding) {
     throw new Error(

@@ -8,6 +8,7 @@ import { createStorage, type Gpu, readF32 } from "../engine/gpu.ts";
 import { attentionDispatch, attentionTile } from "../kernels/attention.ts";
 import {
   attentionDecodeDispatches,
+  attentionDecodeGeometry,
   attentionDecodeScratchBytes,
 } from "../kernels/attention_decode.ts";
 import { type Dispatch, run } from "../kernels/dispatch.ts";
@@ -531,6 +532,38 @@ Deno.test("attention decode: one pass when the batch fills the GPU or the contex
   );
   assert.throws(() => plan(1, 64, { headDim: 66 }), /head dim/);
   assert.throws(() => plan(1, 64, { splitSize: 0 }), /splitSize/);
+  // Workgroups per kv head: at least two while the launch has fewer than 256 workgroups
+  // (batch 1 at 2048: 32 splits x 4 kv heads; batch 4 at 640: 10 x 16), as many rows as fit
+  // from 256 on (batch 32: 2 splits x 128; batch 8 at 640: 8 x 32).
+  const rowGroups = (seqs: number, maxContext: number, extra = {}) =>
+    attentionDecodeDispatches(gpu, buffers, {
+      seqs,
+      nHeads: 32,
+      nKvHeads: 4,
+      headDim: 64,
+      layer: 0,
+      nLayers: 22,
+      maxBlocks: 1,
+      maxContext,
+      ...extra,
+    })[0].workgroups[1] / 4;
+  assert.ok(rowGroups(1, 2048) >= 2 && rowGroups(4, 640) >= 2);
+  assert.equal(rowGroups(1, 2048), rowGroups(1, 2048, { minRowGroups: 2 }));
+  assert.equal(rowGroups(32, 2048), rowGroups(32, 2048, { minRowGroups: 1 }));
+  assert.equal(rowGroups(8, 640), rowGroups(8, 640, { minRowGroups: 1 }));
+});
+
+Deno.test("attention decode geometry: rows per workgroup, and the least row groups asked", () => {
+  const h200 = { adapterName: "NVIDIA H200", maxWorkgroupStorage: 49152, hasF16: true } as Gpu;
+  const geo = (group: number, minRowGroups?: number) => {
+    const g = attentionDecodeGeometry(h200, { headDim: 64, group, minRowGroups });
+    return `${g.rows} rows x ${g.rowGroups} / ${g.wg}`;
+  };
+  assert.equal(geo(8), "8 rows x 1 / 256");
+  assert.equal(geo(8, 2), "4 rows x 2 / 256");
+  assert.equal(geo(7, 2), "4 rows x 2 / 256"); // 4 + 3
+  assert.equal(geo(16), "8 rows x 2 / 256");
+  assert.equal(geo(1, 2), "1 rows x 1 / 256"); // never more groups than q heads
 });
 
 Deno.test("rope_kv -> prefill attention -> decode attention, end to end", async () => {

@@ -169,6 +169,11 @@ export interface SmallTuning {
   tk: number;
   /** Units (16-byte loads of W) per column per loop iteration: 1, 2 or 4. */
   unroll: number;
+  /**
+   * Adjacent threads along a row of W (`KL`): 8 (a warp's load covers one 128-byte line of
+   * each of its rows) or 16 (two lines); at most `tk` take effect.
+   */
+  kl: number;
 }
 
 /**
@@ -282,6 +287,8 @@ export interface SmallTuningOptions {
   m: number;
   /** Columns of the product: N, or 2F with swiglu (gate and up both count). */
   cols: number;
+  /** SwiGLU (gate/up) product. */
+  swiglu?: boolean;
 }
 
 /**
@@ -303,6 +310,10 @@ export interface SmallTuningOptions {
  *   for rm ≤ 4 and for rm = 8 when it stays 8; one when rm = 8 is narrowed to 4, which measured
  *   slower with two (H200, TinyLlama f16, M = 32, µs: qkv 30 → 40, LM head 283 → 324; o 23.5 →
  *   21.8 and down 45.4 → 39.9 with two at rm = 8; unroll 4 was no better anywhere).
+ * - kl: 16 threads along each row of W for gate/up, 8 otherwise. H200, TinyLlama f16, µs,
+ *   8 vs 16: gate/up 17.8 → 16.9 at M = 1, 18.9 → 18.2 at 2, 35.7 → 33.7 at 8; QKV, o and down
+ *   within 0.3 either way from 1 to 32 rows; the LM head slower from M = 4 (62.7 → 65.8, 82.4 →
+ *   86.1 at 8), though faster at 2 (51.8 → 46.9).
  */
 export function smallTuning(w: WeightBuffer, opts: SmallTuningOptions): SmallTuning {
   const { m, cols } = opts;
@@ -325,7 +336,8 @@ export function smallTuning(w: WeightBuffer, opts: SmallTuningOptions): SmallTun
   // gate/up 140 → 105 µs, LM head 313 → 284 µs; o and down (N ≤ K) were faster with 8
   // (24 vs 28 µs, 46 vs 57 µs), as were all five at M = 1.
   const narrow = rm === 8 && cols > w.cols ? 4 : rm;
-  return { rm: narrow, tm: best.tm, tn: best.tn, tk, unroll: narrow === 8 ? 2 : unroll };
+  const kl = opts.swiglu ? 16 : 8;
+  return { rm: narrow, tm: best.tm, tn: best.tn, tk, unroll: narrow === 8 ? 2 : unroll, kl };
 }
 
 /**
@@ -548,7 +560,7 @@ export function matmulDispatches(
     (normWeight ? " +norm" : "") + (swiglu ? " swiglu" : "") + (opts.accumulate ? " +=" : "");
   const cols = swiglu ? 2 * n : n; // columns of the product (gate and up both count)
   if (path === "small") {
-    const t = { ...smallTuning(w, { m, cols }), ...opts.small };
+    const t = { ...smallTuning(w, { m, cols, swiglu }), ...opts.small };
     checkSmall(gpu, label, t);
     const groups = grid(Math.ceil(m / (t.rm * t.tm)) * Math.ceil(cols / (4 * t.tn)));
     const pipe = pipeline(gpu, "matmul_small.wgsl", {
@@ -561,6 +573,7 @@ export function matmulDispatches(
         TN: t.tn,
         TK: t.tk,
         UNROLL: t.unroll,
+        KL: t.kl,
         ...fusion,
       },
     });
@@ -718,6 +731,7 @@ function checkSmall(gpu: Gpu, label: string, t: SmallTuning): void {
     fail(label, `small tn and tm must be powers of two; got ${t.tn} and ${t.tm}`);
   }
   if (![1, 2, 4].includes(t.unroll)) fail(label, `small unroll must be 1, 2 or 4; got ${t.unroll}`);
+  if (t.kl !== 8 && t.kl !== 16) fail(label, `small kl must be 8 or 16; got ${t.kl}`);
   checkWorkgroup(gpu, label, "small", threads, bytes);
 }
 

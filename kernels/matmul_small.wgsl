@@ -10,10 +10,11 @@
 //
 // A workgroup owns a tile of RM * TM rows of x by 4 * TN product columns and walks all of K
 // (no cross-workgroup reduction): TK threads split K unit by unit, TN column groups and TM row
-// groups share the tile. Lanes: 8 consecutive threads take 8 adjacent units of a row of W
-// (one 128-byte line per row), then come the column groups (they read the same x: broadcast),
-// then the rest of K, then the row groups (they read the same W, from L1). Workgroups are laid
-// out [column tile][row tile]: neighbours read the same W tile, which then comes from L2.
+// groups share the tile. Lanes: KL (8 or 16, at most TK) consecutive threads take KL adjacent
+// units of a row of W (one or two 128-byte lines per row), then come the column groups (they
+// read the same x: broadcast), then the rest of K, then the row groups (they read the same W,
+// from L1). Workgroups are laid out [column tile][row tile]: neighbours read the same W tile,
+// which then comes from L2.
 // x is read from global memory (small next to W; L1/L2-resident); workgroup memory holds only the
 // reduction, one vec4 per thread (llvmpipe's GL compile time grows steeply with workgroup
 // arrays: naga zero-fills them with one constructor term per element).
@@ -39,6 +40,7 @@ override TM: u32 = 1u; // row groups: a tile has RM * TM rows of x
 override TN: u32 = 1u; // column groups of 4: a tile has 4 * TN product columns
 override TK: u32 = 8u; // threads splitting K, a power of two >= RM
 override UNROLL: u32 = 1u; // units per column per loop iteration (loads in flight): 1, 2 or 4
+override KL: u32 = 8u; // adjacent threads along a row of W: 8 or 16 (at most TK take effect)
 
 struct Params {
   m: u32, // rows of x
@@ -238,7 +240,7 @@ fn pick(acc: array<vec4<f32>, 8>, r: u32) -> vec4<f32> {
 
 @compute @workgroup_size(TK * TN * TM)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let kl = min(TK, 8u);
+  let kl = min(TK, KL);
   let kj = lid % kl + kl * ((lid / (kl * TN)) % (TK / kl)); // lane along K
   let ng = (lid / kl) % TN; // column group
   let mg = lid / (TK * TN); // row group

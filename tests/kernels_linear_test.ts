@@ -184,6 +184,9 @@ const MATMUL_CASES: MatmulCase[] = [
   // four units per loop trip: K lanes with a partial last trip (25 units over 4 lanes x 4)
   { m: 5, n: 37, k: 200, dtype: "f16", path: "small", small: { rm: 2, tk: 4, unroll: 4 } },
   { m: 9, n: 33, k: 256, dtype: "bf16", path: "small", small: { rm: 8, tk: 8, unroll: 4 } },
+  // 16 adjacent K lanes: with more lanes beyond them (tk 64), and with fewer lanes than that (8)
+  { m: 3, n: 37, k: 1024, dtype: "f16", path: "small", small: { rm: 2, tk: 64, kl: 16 } },
+  { m: 2, n: 37, k: 512, dtype: "f32", path: "small", small: { rm: 1, tk: 8, kl: 16 } },
   // K not a multiple of the unit: the naive kernel
   ...DTYPES.map((dtype): MatmulCase => ({ m: 3, n: 101, k: 129, dtype, path: "naive" })),
   { m: 1, n: 33, k: 37, dtype: "bf16", path: "naive", bias: true, accumulate: true },
@@ -257,6 +260,9 @@ Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefil
   assert.equal(smallTuning(weight(11264, 2048), { m: 8, cols: 11264 }).tk, 16);
   assert.equal(smallTuning(weight(11264, 2048), { m: 4, cols: 11264 }).tk, 32);
   assert.equal(smallTuning(weight(32000, 2048), { m: 8, cols: 32000 }).tk, 16);
+  // 16 adjacent K lanes for gate/up, 8 for the rest.
+  assert.equal(smallTuning(weight(11264, 2048), { m: 1, cols: 11264, swiglu: true }).kl, 16);
+  assert.equal(smallTuning(weight(32000, 2048), { m: 1, cols: 32000 }).kl, 8);
   // CPU adapters keep their one small shape, unsplit.
   assert.equal(
     tiledTuning({ ...h200, adapterName: "llvmpipe" }, { m: 32, cols: 64, k: 4096 }).splits,
@@ -498,6 +504,7 @@ Deno.test("matmul: refuses shapes it cannot serve, with the sizes in the message
   assert.throws(bad({ rm: 8, tk: 4 }), /tk must be a power of two >= rm \(8\); got 4/);
   assert.throws(bad({ tn: 3 }), /tn and tm must be powers of two; got 3 and 1/);
   assert.throws(bad({ unroll: 3 }), /unroll must be 1, 2 or 4; got 3/);
+  assert.throws(bad({ kl: 32 }), /kl must be 8 or 16; got 32/);
   assert.throws(bad({ tk: 256, tn: 8, tm: 1 }), /workgroup of 2048 threads/);
   // tiled reads x as whole 16-byte vectors: 37 floats need 160 bytes, not 148
   const x148 = gpu.device.createBuffer({ size: 148, usage: GPUBufferUsage.STORAGE });

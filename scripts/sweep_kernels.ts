@@ -89,7 +89,7 @@ async function main(): Promise<void> {
   const eps = cfg.rmsEps;
   const rows: SweepRow[] = [];
   const ms = list(v.m);
-  const maxM = Math.max(...ms);
+  const maxM = Math.max(1, ...ms); // --m "" times attention only
   const x = random(gpu, maxM * Math.max(H, F), 1);
   const y = createStorage(gpu, maxM * Math.max(2 * F, cfg.vocabSize, 3 * H) * 4, undefined, "y");
   const projections: [string, (l: number) => WeightBuffer, Partial<MatmulOptions>, boolean][] = [

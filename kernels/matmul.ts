@@ -2,14 +2,14 @@
  * Linear layers: `y[m, n] (+)= Σ_k x[m, k] W[n, k] (+ bias[n])` with W in the Hugging Face
  * `[out, in]` layout and any weight dtype, x and y f32. Three kernels, picked by M:
  *
- * - `small` (kernels/matmul_small.wgsl): decode batches and short prompts, 1 ≤ M ≤ 64 (below
- *   32 for products wider than deep), K a multiple of 8 (16-bit W) or 4 (f32 W).
+ * - `small` (kernels/matmul_small.wgsl): decode batches, 1 ≤ M ≤ 32 (below 24 for products
+ *   wider than deep), K a multiple of 8 (16-bit W) or 4 (f32 W).
  *   Register-blocked: a thread holds 4 rows of W × rm rows of x (rm ≤ 8), so each 16-byte load
  *   of W is applied to rm rows of x from registers and each load of x to 4 rows of W. Many
  *   small tiles, K split over the threads of a workgroup and reduced in workgroup memory;
  *   launch shape from {@linkcode smallTuning}.
- * - `tiled` (kernels/matmul.wgsl): prefill, M > 64, and the wider-than-deep products (QKV,
- *   gate/up, LM head) of decode batches from 32 rows (`WIDE_TILED_M`). Classic SGEMM register
+ * - `tiled` (kernels/matmul.wgsl): prefill, M > 32, and the wider-than-deep products (QKV,
+ *   gate/up, LM head) of decode batches from 24 rows (`WIDE_TILED_M`). Classic SGEMM register
  *   blocking: a workgroup owns a bm × bn tile of y (up to 128 × 128), a thread a tm × tn block
  *   of it (up to 8 × 8: 64 multiply-adds per 4 vec4 reads of workgroup memory), K in steps of
  *   bk staged through workgroup memory with the next step's 16-byte global loads in flight in
@@ -244,18 +244,26 @@ export interface MatmulOptions {
   tiled?: Partial<TiledTuning>;
 }
 
-/** Largest M the `small` kernel takes by default; longer prompts go to `tiled`. */
-export const SMALL_MAX_M = 64;
+/**
+ * Largest M the `small` kernel takes by default; more rows go to `tiled`. H200, TinyLlama f16,
+ * µs per call (scripts/sweep_kernels.ts), `small` vs `tiled` (in 8 splits, see
+ * {@linkcode tiledTuning}) at M = 33 / 48 / 64: o 33.6 / 34.7 / 32.6 vs 29.1 / 28.9 / 29.3, down
+ * 64.2 / 67.4 / 70.0 vs 62.7 / 62.5 / 62.8 (and `small` steps up at 56: 39.2, 75.0); at M = 32
+ * they are level (o 21.9 vs 22.1, down 40.2 vs 38.9).
+ */
+export const SMALL_MAX_M = 32;
+
+/** Rows up to which `tiled` uses its decode-batch tiles (see {@linkcode tiledTuning}). */
+const DECODE_TILE_M = 64;
 
 /**
  * Rows of x from which products wider than deep (W has more rows than columns: QKV, gate/up,
- * the LM head) go to `tiled` even within `small`'s range. H200, TinyLlama f16, µs per call at
- * M = 32, `small` vs `tiled` (32 × 64 tiles of 4 × 4, K split as {@linkcode tiledTuning}
- * says): QKV 30.2 vs 27.3, gate/up 105 vs 75.7, LM head 283 vs 216; at M = 64: 57.6 vs 42.8,
- * 200 vs 136, 512 vs 366. o and down (N ≤ K) stay `small` (at M = 32: 21.7 vs 21.4 with 8
- * splits, 39.7 vs 43.2).
+ * the LM head) go to `tiled` even within `small`'s range. H200, TinyLlama f16, µs per call,
+ * `small` vs `tiled` (K split as {@linkcode tiledTuning} says): at M = 24, QKV 28.8 vs 27.5,
+ * gate/up 102 vs 75.7, LM head 203 vs 180; at M = 16 `small` is ahead (19.0 vs 27.3, 58.3 vs
+ * 75.2, 151 vs 178); at M = 32: 30.2 vs 27.3, 105 vs 75.7, 283 vs 168.
  */
-const WIDE_TILED_M = 32;
+const WIDE_TILED_M = 24;
 
 /** The kernel {@linkcode matmulDispatches} picks for `m` rows of x times `w`. */
 export function matmulPath(m: number, w: WeightBuffer): MatmulPath {
@@ -347,7 +355,7 @@ export function smallTuning(w: WeightBuffer, opts: SmallTuningOptions): SmallTun
  * - twice as many for a single row times a deep W (K > N: down at M = 1, 12.3 → 10.6): its few
  *   columns give few column groups, and more K lanes keep more loads in flight;
  * - half as many from 8 rows for products wider than deep by at most 8× (QKV and gate/up, which
- *   go to `tiled` from 32 rows): M = 8, 17.1 → 13.9 and 40.3 → 35.8; M = 16, 21.5 → 18.9 and
+ *   go to `tiled` from 24 rows): M = 8, 17.1 → 13.9 and 40.3 → 35.8; M = 16, 21.5 → 18.9 and
  *   65.0 → 57.9. The LM head (16× wider) was slower with half (82.7 → 106 at M = 8), as were QKV
  *   and gate/up at M = 4 taken together (15.1 → 12.4 but 22.4 → 26.7).
  */
@@ -409,10 +417,16 @@ const TILED_CPU: TiledTuning = { bm: 64, bn: 64, tm: 4, tn: 4, bk: 8, bufs: 1, s
  * adapters get {@linkcode TILED_CPU}. On GPUs, measured special cases come first (H200,
  * TinyLlama f16, µs per call):
  *
- * - M ≤ 64 (the products of decode batches that go to `tiled`, see `WIDE_TILED_M`): 32 × 64
- *   tiles of 4 × 4.
- * - A normed product without SwiGLU (QKV, and the LM head): the same 32 × 64 tiles of 4 × 4 up
- *   to 256 rows (M = 256: 135 against 160 with the general rule's choice); above, 64 × 128
+ * - M ≤ 64 (the products of decode batches that go to `tiled`, see `matmulPath`): 32 × 64
+ *   tiles of 4 × 4 for QKV and gate/up; 32 × 128 tiles of 4 × 8 for the LM head (more than 8×
+ *   wider than deep) and the products without a norm (o, down), K split the power of two
+ *   nearest 256 / tiles ways. At M = 32 / 64: LM head 168 / 325 (unsplit; 181 / 346 in 2
+ *   splits) against 219 / 367 in 32 × 64 (32 × 128 of 8 × 8: 213 / 405; K steps of 8 or 32
+ *   slower); at M = 33 / 48 / 64, o 29.1 / 28.9 / 29.3 and down 62.7 / 62.5 / 62.8 in 8 splits
+ *   (16: 33.1 / 34.2 / 33.9 and 66.2 / 66.3 / 66.7) against `small`'s 33.6 / 34.7 / 32.6 and
+ *   64.2 / 67.4 / 70.0; QKV and gate/up were slower in 32 × 128 (31.0 / 49.1 and 89.1 / 159
+ *   against 27.6 / 43.0 and 76.2 / 136 at M = 32 / 64).
+ * - A normed product without SwiGLU (QKV): the same 32 × 64 tiles of 4 × 4 up to 256 rows (M = 256: 135 against 160 with the general rule's choice); above, 64 × 128
  *   tiles of 8 × 8, K steps of 8, 4 splits (M = 384 / 512: 151 / 182 against 197 / 266 in
  *   32 × 64 tiles and 169 / 270 unsplit).
  * - SwiGLU (gate/up) up to 256 rows: 64 × 128 tiles of 8 × 8, K steps of 8 (384 against 492 at
@@ -466,11 +480,16 @@ const SPLIT_MIN_STEPS = 4;
 const pow2round = (v: number) => 2 ** Math.max(0, Math.round(Math.log2(v)));
 
 /** {@linkcode tiledTuning}'s tile on GPUs; `splits` 0 leaves the K split to the rule. */
-function tiledShape(gpu: Gpu, opts: Omit<TiledTuningOptions, "k">): TiledTuning {
+function tiledShape(gpu: Gpu, opts: TiledTuningOptions): TiledTuning {
   const { m, cols } = opts;
   const wide = { bm: 64, bn: 128, tm: 8, tn: 8, bk: 8, bufs: 2 };
-  // Decode batches (the products that go to tiled, see WIDE_TILED_M): 32-row tiles.
-  if (m <= SMALL_MAX_M || (opts.norm && !opts.swiglu && m <= SPLIT_MAX_M)) {
+  // Decode batches: 32-row tiles; 128 columns of 4 x 8 for the LM head (over 8x wider than
+  // deep) and the products without a norm (o, down), 64 of 4 x 4 for QKV and gate/up.
+  if (m <= DECODE_TILE_M && (!opts.norm || cols > 8 * opts.k)) {
+    const tiles = Math.ceil(m / 32) * Math.ceil(cols / 128);
+    return { bm: 32, bn: 128, tm: 4, tn: 8, bk: 16, bufs: 2, splits: pow2round(256 / tiles) };
+  }
+  if (m <= DECODE_TILE_M || (opts.norm && !opts.swiglu && m <= SPLIT_MAX_M)) {
     return { bm: 32, bn: 64, tm: 4, tn: 4, bk: 16, bufs: 2, splits: 0 };
   }
   if (opts.norm && !opts.swiglu) return { ...wide, splits: 4 };

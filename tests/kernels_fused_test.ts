@@ -144,8 +144,8 @@ const NORM_CASES: FusedCase[] = [
   { m: 9, n: 37, k: 64, dtype: "f16", path: "small", norm: true },
   // the decode K: 256 threads share the sum of squares of each row
   { m: 32, n: 37, k: 2048, dtype: "f16", path: "small", norm: true, bias: true },
-  { m: 33, n: 33, k: 64, dtype: "bf16", path: "small", norm: true, accumulate: true },
-  { m: 64, n: 37, k: 64, dtype: "f32", path: "small", norm: true },
+  { m: 31, n: 33, k: 64, dtype: "bf16", path: "small", norm: true, accumulate: true },
+  { m: 64, n: 37, k: 64, dtype: "f32", path: "tiled", norm: true },
   {
     m: 5,
     n: 33,
@@ -181,7 +181,7 @@ const SWIGLU_CASES: FusedCase[] = [
   { m: 1, n: 37, k: 64, dtype: "f16", path: "small", swiglu: true, block: 4, bias: true },
   { m: 17, n: 37, k: 64, dtype: "f16", path: "small", swiglu: true, norm: true, block: 32 },
   {
-    m: 31,
+    m: 23,
     n: 37,
     k: 64,
     dtype: "bf16",
@@ -191,11 +191,11 @@ const SWIGLU_CASES: FusedCase[] = [
     bias: true,
     accumulate: true,
   },
-  { m: 63, n: 21, k: 64, dtype: "f16", path: "small", swiglu: true, norm: true },
+  { m: 63, n: 21, k: 64, dtype: "f16", path: "tiled", swiglu: true, norm: true },
   // the decode shape: K = 2048, 128 threads per column group
   { m: 1, n: 37, k: 2048, dtype: "f16", path: "small", swiglu: true, norm: true, bias: true },
   {
-    m: 31,
+    m: 23,
     n: 37,
     k: 128,
     dtype: "f16",

@@ -170,15 +170,17 @@ const MATMUL_CASES: MatmulCase[] = [
   { m: 17, n: 37, k: 64, dtype: "bf16", path: "small" },
   { m: 31, n: 37, k: 64, dtype: "f16", path: "small" },
   { m: 32, n: 101, k: 256, dtype: "f16", path: "small", bias: true, accumulate: true },
-  { m: 33, n: 37, k: 64, dtype: "f32", path: "small" },
-  { m: 63, n: 37, k: 64, dtype: "f16", path: "small" },
-  { m: 64, n: 33, k: 1032, dtype: "bf16", path: "small", bias: true },
-  // a product 4x wider than deep (gate/up, LM head): tiled from 32 rows of x, small below
-  { m: 32, n: 300, k: 64, dtype: "f16", path: "tiled", bias: true },
-  { m: 31, n: 300, k: 64, dtype: "f16", path: "small" },
+  // 33 to 64 rows: tiled, in its decode-batch tiles (32 rows) and K splits
+  { m: 33, n: 37, k: 64, dtype: "f32", path: "tiled" },
+  { m: 63, n: 37, k: 64, dtype: "f16", path: "tiled" },
+  { m: 64, n: 33, k: 1032, dtype: "bf16", path: "tiled", bias: true },
+  // a product wider than deep (QKV, gate/up, LM head): tiled from 24 rows of x, small below
+  { m: 24, n: 300, k: 64, dtype: "f16", path: "tiled", bias: true },
+  { m: 23, n: 300, k: 64, dtype: "f16", path: "small" },
+  { m: 32, n: 600, k: 64, dtype: "f16", path: "tiled" }, // over 8x wider: the LM head's tiles
   // small, launch shapes other than the default: a partial last row tile of several row
   // groups; more K lanes than units (idle lanes); one row per thread over several row tiles
-  { m: 33, n: 101, k: 256, dtype: "f16", path: "small", small: { rm: 4, tm: 4, tn: 2, tk: 8 } },
+  { m: 31, n: 101, k: 256, dtype: "f16", path: "small", small: { rm: 4, tm: 4, tn: 2, tk: 8 } },
   { m: 17, n: 37, k: 128, dtype: "bf16", path: "small", small: { rm: 8, tk: 64, unroll: 2 } },
   { m: 3, n: 37, k: 64, dtype: "f32", path: "small", small: { rm: 1, tm: 2, tn: 1, tk: 128 } },
   // four units per loop trip: K lanes with a partial last trip (25 units over 4 lanes x 4)
@@ -230,10 +232,11 @@ Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefil
     cols,
   });
   // TinyLlama: QKV 2560 x 2048 and gate/up 11264 x 2048 are wider than deep; o and down not.
-  assert.equal(matmulPath(32, weight(2560, 2048)), "tiled");
-  assert.equal(matmulPath(31, weight(2560, 2048)), "small");
-  assert.equal(matmulPath(64, weight(2048, 2048)), "small");
+  // From 24 rows the wider ones go to tiled; from 33 rows all of them.
+  assert.equal(matmulPath(24, weight(2560, 2048)), "tiled");
+  assert.equal(matmulPath(23, weight(2560, 2048)), "small");
   assert.equal(matmulPath(32, weight(2048, 5632)), "small");
+  assert.equal(matmulPath(33, weight(2048, 2048)), "tiled");
   const splits = (m: number, cols: number, k: number, norm = false, swiglu = false) =>
     tiledTuning(h200, { m, cols, k, norm, swiglu }).splits;
   // 40 tiles of 32 x 64 for QKV at M = 32: 8 splits of 16 steps; gate/up's 176 tiles: 2.
@@ -253,6 +256,11 @@ Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefil
   assert.equal(tile(512, 2560, true, false), "64x128/8x8 bk 8 split 4");
   assert.equal(tile(512, 11264, true, true), "64x128/8x8 bk 8 split 2");
   assert.equal(tile(384, 11264, true, true), "128x128/8x8 bk 8 split 1");
+  // Decode batches: 32 x 128 tiles of 4 x 8 for o, down and the LM head (K split ~256 / tiles
+  // ways: 250 tiles, 32 tiles), 32 x 64 for QKV.
+  assert.equal(tile(32, 32000, true, false), "32x128/4x8 bk 16 split 1");
+  assert.equal(tile(64, 2048, false, false), "32x128/4x8 bk 16 split 8");
+  assert.equal(tile(32, 2560, true, false), "32x64/4x4 bk 16 split 8");
   // small's K lanes: twice the threads for a deep W at one row (down: 256 lanes, not 128), half
   // from 8 rows for products up to 8x wider than deep (gate/up: 16, not 32), none for the LM head.
   assert.equal(smallTuning(weight(2048, 5632), { m: 1, cols: 2048 }).tk, 256);
@@ -427,6 +435,16 @@ const TILED_CASES: TiledCase[] = [
   // M <= 64 (a decode batch) with a short tile, K steps of 8; K steps of 32
   { m: 40, n: 130, k: 72, dtype: "f16", tiled: tile(32, 128, 8, 8, 8), norm: true, bias: true },
   { m: 70, n: 45, k: 96, dtype: "f16", tiled: tile(64, 64, 4, 8, 32, 1), accumulate: true },
+  // decode batches' tile for o, down and the LM head: 32 x 128 of 4 x 8, K split 3 ways
+  {
+    m: 45,
+    n: 260,
+    k: 200,
+    dtype: "bf16",
+    tiled: tile(32, 128, 4, 8, 16, 2, 3),
+    norm: true,
+    accumulate: true,
+  },
   // the GPU defaults of the engine's projections: gate/up at 512 and at <= 256 rows, QKV
   {
     m: 140,

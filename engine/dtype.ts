@@ -12,6 +12,15 @@ export const WDTYPE: Record<DType, number> = { f32: 0, f16: 1, bf16: 2 };
 /** Bytes per element. */
 export const BYTES: Record<DType, number> = { f32: 4, f16: 2, bf16: 2 };
 
+/**
+ * Element types of the KV cache: f32 (exact, the default), or f16 (half the bytes, so twice the
+ * tokens per GiB and half the attention reads; K and V are rounded to f16 when written).
+ */
+export type KvDtype = "f32" | "f16";
+
+/** Bytes per element of the KV cache. */
+export const KV_BYTES: Record<KvDtype, number> = { f32: 4, f16: 2 };
+
 /** Rounds to the nearest bf16 (round-half-to-even) and returns its 16-bit pattern. */
 export function bf16Bits(x: number): number {
   const f = new Float32Array([x]);

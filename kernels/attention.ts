@@ -8,6 +8,7 @@
  * `tileRows` / `tileKeys` in {@linkcode attentionDispatch}, e.g. with
  * scripts/sweep_prefill_attention.ts.
  */
+import type { KvDtype } from "../engine/dtype.ts";
 import { type Gpu, isCpuAdapter } from "../engine/gpu.ts";
 import { bindGroup, type Dispatch, params, pipeline, uniform } from "./dispatch.ts";
 
@@ -157,7 +158,7 @@ function slowCompile(gpu: Gpu): boolean {
 export interface AttentionBuffers {
   /** `f32 [T, Hq, D]` rotated queries (rows from `tokenOffset`). */
   q: GPUBuffer;
-  /** `f32 [numBlocks, nLayers, Hkv, 16, D]` */
+  /** `[numBlocks, nLayers, Hkv, 16, D]` of `kvDtype` */
   kPool: GPUBuffer;
   vPool: GPUBuffer;
   /** `u32 [S, maxBlocks]` */
@@ -190,6 +191,8 @@ export interface AttentionOptions {
   tileRows?: number;
   /** Keys per tile: 4, 8, 16, 32 or 64 (default: see {@linkcode attentionTile}). */
   tileKeys?: number;
+  /** Element type of the pools (default f32). */
+  kvDtype?: KvDtype;
 }
 
 /**
@@ -238,8 +241,9 @@ export function attentionDispatch(
     );
   }
   const scale = opts.scale ?? 1 / Math.sqrt(D);
+  const kv16 = opts.kvDtype === "f16";
   const pipe = pipeline(gpu, "attention.wgsl", {
-    constants: { WG: tile.wg, HD: D, BR: tile.rows, BC: tile.keys },
+    constants: { WG: tile.wg, HD: D, BR: tile.rows, BC: tile.keys, KV16: kv16 ? 1 : 0 },
   });
   const u = uniform(
     gpu,
@@ -259,7 +263,8 @@ export function attentionDispatch(
   );
   const b = buffers;
   return {
-    label: `attention T${tokens} pos0 ${pos0} ${nHeads}/${nKvHeads}x${D} L${layer} ` +
+    label: `attention T${tokens} pos0 ${pos0} ${nHeads}/${nKvHeads}x${D}${kv16 ? " kv f16" : ""} ` +
+      `L${layer} ` +
       `tile ${tile.rows}x${tile.keys}/${tile.wg}`,
     pipeline: pipe,
     bindGroup: bindGroup(gpu, pipe, [u, b.q, b.kPool, b.vPool, b.blockTable, b.out]),

@@ -56,6 +56,7 @@ override HD: u32 = 64u; // head_dim
 override BR: u32 = 32u; // rows per workgroup, a multiple of 4
 override BC: u32 = 64u; // keys per tile: 4, 8, 16, 32 or 64 (divides or is made of 16-key blocks)
 override WG: u32 = 128u; // threads: TR * DGT, >= TR * TC, with NT <= NT_MAX and NDG <= NDG_MAX
+override KV16: bool = false; // the pools hold f16 (else f32)
 
 const BLOCK: u32 = 16u; // tokens per KV block
 const NEG: f32 = -1e30; // "no key": finite, so exp2(NEG - m) is 0 and never NaN
@@ -89,8 +90,10 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>; // [row0 + T, Hq, HD]
-@group(0) @binding(2) var<storage, read> k_pool: array<f32>; // [blocks, L, Hkv, 16, HD]
-@group(0) @binding(3) var<storage, read> v_pool: array<f32>;
+// [blocks, L, Hkv, 16, HD] as bits: f32 (KV16 false), or two halves per word (`pack2x16float`'s
+// order, the even element low).
+@group(0) @binding(2) var<storage, read> k_pool: array<u32>;
+@group(0) @binding(3) var<storage, read> v_pool: array<u32>;
 @group(0) @binding(4) var<storage, read> block_table: array<u32>; // [S, max_blocks]
 @group(0) @binding(5) var<storage, read_write> out: array<f32>; // [row0 + T, Hq, HD]
 
@@ -139,10 +142,16 @@ fn pool_at(is_v: bool, i: u32, ok: bool) -> f32 {
   if (!ok) {
     return 0.0;
   }
+  var w: u32;
   if (is_v) {
-    return v_pool[i];
+    w = v_pool[select(i, i / 2u, KV16)];
+  } else {
+    w = k_pool[select(i, i / 2u, KV16)];
   }
-  return k_pool[i];
+  if (KV16) {
+    return unpack2x16float(w)[i % 2u];
+  }
+  return bitcast<f32>(w);
 }
 
 // Item e (key e / D4, dims 4 (e % D4) ..) of the K or V tile at key0 of kv head kvh: zeros

@@ -11,6 +11,7 @@
  * --contexts 640,2048 --attn-variants '[{}, {"splitSize": 64}, {"splitSize": 1e9}]'` (default,
  * one split per 64-key chunk, single pass).
  */
+import type { KvDtype } from "../engine/dtype.ts";
 import { createStorage, type Gpu, isCpuAdapter } from "../engine/gpu.ts";
 import { bindGroup, type Dispatch, params, pipeline, uniform, wgsl } from "./dispatch.ts";
 
@@ -67,9 +68,9 @@ export interface AttentionDecodeBuffers {
   pos: GPUBuffer;
   /** `f32 [D / 2]` RoPE inverse frequencies (rope scaling already applied). */
   invFreq: GPUBuffer;
-  /** `f32 [numBlocks, nLayers, Hkv, 16, D]`: read, and the new k (rotated) written. */
+  /** `[numBlocks, nLayers, Hkv, 16, D]` of `kvDtype`: read, and the new k (rotated) written. */
   kPool: GPUBuffer;
-  /** `f32 [numBlocks, nLayers, Hkv, 16, D]`: read, and the new v written. */
+  /** `[numBlocks, nLayers, Hkv, 16, D]` of `kvDtype`: read, and the new v written. */
   vPool: GPUBuffer;
   /** `u32 [S, maxBlocks]` */
   blockTable: GPUBuffer;
@@ -116,6 +117,8 @@ export interface AttentionDecodeOptions extends AttentionDecodeScratchOptions {
    * `TARGET_WORKGROUPS` workgroups, else 1; see {@linkcode attentionDecodeDispatches}).
    */
   minRowGroups?: number;
+  /** Element type of the pools (default f32). */
+  kvDtype?: KvDtype;
 }
 
 /** Split count for these options: 1 = single pass, no `combine`. */
@@ -215,6 +218,24 @@ export function attentionDecodeGeometry(
   throw new Error(`internal error: decode attention head dim ${D} does not fit ${budget} bytes`);
 }
 
+/**
+ * The kernel's view of a pool element by cache dtype: `KV` holds one vec4 of a key row (4 f32, or
+ * 4 halves packed two per u32 as `pack2x16float` leaves them), `kv_get` widens it, `kv_put`
+ * rounds to it.
+ */
+const KV_PRELUDE: Record<KvDtype, string> = {
+  f32: `
+alias KV = vec4<f32>;
+fn kv_get(v: KV) -> vec4<f32> { return v; }
+fn kv_put(v: vec4<f32>) -> KV { return v; }
+`,
+  f16: `
+alias KV = vec2<u32>;
+fn kv_get(v: KV) -> vec4<f32> { return vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)); }
+fn kv_put(v: vec4<f32>) -> KV { return vec2<u32>(pack2x16float(v.xy), pack2x16float(v.zw)); }
+`,
+};
+
 const shared = new WeakMap<GPUDevice, GPUBuffer>();
 
 /** The per-device shared scratch, grown when too small (old bind groups keep the old one). */
@@ -297,7 +318,7 @@ export function attentionDecodeDispatches(
     ROWS: geo.rows,
     RPR: geo.rpr,
   };
-  const prelude = wgsl("rope_common.wgsl");
+  const prelude = wgsl("rope_common.wgsl") + KV_PRELUDE[opts.kvDtype ?? "f32"];
   const main = pipeline(gpu, "attention_decode.wgsl", { constants, prelude });
   const scale = opts.scale ?? 1 / Math.sqrt(D);
   const u = uniform(
@@ -316,7 +337,8 @@ export function attentionDecodeDispatches(
     ]),
   );
   const b = buffers;
-  const label = `attention_decode S${seqs} ${nHeads}/${nKvHeads}x${D} L${layer} ` +
+  const kv = opts.kvDtype === "f16" ? " kv f16" : "";
+  const label = `attention_decode S${seqs} ${nHeads}/${nKvHeads}x${D}${kv} L${layer} ` +
     `${geo.rows}x${geo.keys}/${geo.wg}`;
   const dispatches: Dispatch[] = [{
     label: splits === 1 ? `${label} single pass` : `${label} ${splits} splits`,

@@ -105,8 +105,10 @@ struct Params {
 @group(0) @binding(3) var<storage, read> inv_freq: array<f32>; // [HALF]
 @group(0) @binding(4) var<storage, read> block_table: array<u32>; // [S, max_blocks]
 @group(0) @binding(5) var<storage, read> seq_len: array<u32>; // [S]
-@group(0) @binding(6) var<storage, read_write> k_pool: array<vec4<f32>>; // [blocks, L, Hkv, 16, D4]
-@group(0) @binding(7) var<storage, read_write> v_pool: array<vec4<f32>>;
+// KV (a vec4 of the cache: vec4<f32>, or 4 halves in a vec2<u32>), kv_get and kv_put come from
+// the wrapper's prelude (kernels/attention_decode.ts), by the cache's dtype.
+@group(0) @binding(6) var<storage, read_write> k_pool: array<KV>; // [blocks, L, Hkv, 16, D4]
+@group(0) @binding(7) var<storage, read_write> v_pool: array<KV>;
 // out [S, Hq, D4]; for `main` with splits, the partials: acc [S, Hq, n_split, D4], then
 // (m, l, 0, 0) [S, Hq, n_split]
 @group(0) @binding(8) var<storage, read_write> dst: array<vec4<f32>>;
@@ -138,6 +140,14 @@ fn qkv_head(s: u32, hh: u32) -> u32 {
   return (s * (p.n_heads + 2u * p.n_kv_heads) + hh) * HD;
 }
 
+// Element e of the k head at `ks` in `qkv`, rotated at `position`.
+fn k_elem(ks: u32, e: u32, position: u32) -> f32 {
+  if (e < HALF) {
+    return rope_pair(qkv[ks + e], qkv[ks + e + HALF], position, inv_freq[e]).x;
+  }
+  return rope_pair(qkv[ks + e - HALF], qkv[ks + e], position, inv_freq[e - HALF]).y;
+}
+
 // Vec4 offset of key `j` of chunk `ch` of kv head `kvh`; the chunk's blocks are staged in
 // `blocks` by chunk parity.
 fn key_row(ch: u32, j: u32, kvh: u32) -> u32 {
@@ -151,7 +161,7 @@ fn v_at(ch: u32, j: u32, d4: u32, len: u32, kvh: u32) -> vec4<f32> {
   if (j >= KEYS || d4 >= D4 || ch * KEYS + j >= len) {
     return vec4<f32>(0.0);
   }
-  return v_pool[key_row(ch, j, kvh) + d4];
+  return kv_get(v_pool[key_row(ch, j, kvh) + d4]);
 }
 
 // Physical block of 16-key block b of chunk ch of slot s; 0 past the slot's keys (its table row
@@ -173,7 +183,7 @@ fn k_at(base: u32, y: u32, kpart: u32) -> vec4<f32> {
   if (y * TPK + kpart >= D4) {
     return vec4<f32>(0.0);
   }
-  return k_pool[base + y * TPK + kpart];
+  return kv_get(k_pool[base + y * TPK + kpart]);
 }
 
 // This thread's KSPAN vec4s of the K row at `base`.
@@ -574,13 +584,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let row = (((b * p.n_layers + p.layer) * p.n_kv_heads + kvh) * BLOCK + position % BLOCK) * D4;
     let ks = qkv_head(s, p.n_heads + kvh);
     let vs = qkv_head(s, p.n_heads + p.n_kv_heads + kvh);
-    for (var e = lid; e < HD; e += WG) {
-      v_pool[row + e / 4u][e % 4u] = qkv[vs + e];
-      if (e < HALF) {
-        let k = rope_pair(qkv[ks + e], qkv[ks + e + HALF], position, inv_freq[e]);
-        k_pool[row + e / 4u][e % 4u] = k.x;
-        k_pool[row + (e + HALF) / 4u][(e + HALF) % 4u] = k.y;
-      }
+    // Whole vec4s (a packed cache has no single-element stores): thread d4 rotates its four
+    // elements of k, each with its partner HALF away (pairs may straddle vec4s).
+    for (var d4 = lid; d4 < D4; d4 += WG) {
+      let e = d4 * 4u;
+      let v = vec4<f32>(qkv[vs + e], qkv[vs + e + 1u], qkv[vs + e + 2u], qkv[vs + e + 3u]);
+      v_pool[row + d4] = kv_put(v);
+      let k = vec4<f32>(k_elem(ks, e, position), k_elem(ks, e + 1u, position),
+        k_elem(ks, e + 2u, position), k_elem(ks, e + 3u, position));
+      k_pool[row + d4] = kv_put(k);
     }
   }
   storageBarrier();

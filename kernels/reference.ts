@@ -6,7 +6,7 @@
 
 // ---- section: weights (dtype helpers) ----
 
-import { type DType, roundTrip } from "../engine/dtype.ts";
+import { type DType, type KvDtype, roundTrip } from "../engine/dtype.ts";
 
 /**
  * Weight values as the GPU sees them: each rounded through `dtype` and widened to float64.
@@ -316,13 +316,19 @@ export interface PagedCacheRefOptions {
   headDim: number;
   /** Block-table row length (logical blocks per slot). */
   maxBlocks: number;
+  /** Element type the cache holds (default f32): the values are rounded to it. */
+  kvDtype?: KvDtype;
 }
 
 /** A paged KV cache as the GPU holds it, plus its shape. */
 export interface PagedCacheRef {
-  /** `f32 [numBlocks, nLayers, nKvHeads, 16, headDim]` */
+  /**
+   * `[numBlocks, nLayers, nKvHeads, 16, headDim]`, each value as the cache holds it (f16-rounded
+   * with `kvDtype` f16; upload those as 16-bit).
+   */
   kPool: Float32Array;
   vPool: Float32Array;
+  kvDtype: KvDtype;
   /** `u32 [S, maxBlocks]`; unmapped entries point at block 0, which is all NaN (a poison). */
   blockTable: Uint32Array;
   numBlocks: number;
@@ -353,7 +359,19 @@ export function pagedCacheRef(next: () => number, opts: PagedCacheRefOptions): P
   const blockElems = nLayers * nKvHeads * KV_BLOCK_REF * D;
   const kPool = new Float32Array(numBlocks * blockElems).fill(NaN);
   const vPool = new Float32Array(numBlocks * blockElems).fill(NaN);
-  const cache = { kPool, vPool, blockTable, numBlocks, nLayers, nKvHeads, headDim: D, maxBlocks };
+  const kvDtype = opts.kvDtype ?? "f32";
+  const cache = {
+    kPool,
+    vPool,
+    kvDtype,
+    blockTable,
+    numBlocks,
+    nLayers,
+    nKvHeads,
+    headDim: D,
+    maxBlocks,
+  };
+  const round = kvRound(kvDtype);
   let used = 0;
   seqLens.forEach((len, s) => {
     if (need[s] > maxBlocks) throw new Error(`slot ${s} needs ${need[s]} > ${maxBlocks} blocks`);
@@ -363,14 +381,19 @@ export function pagedCacheRef(next: () => number, opts: PagedCacheRefOptions): P
         for (let h = 0; h < nKvHeads; h++) {
           const o = pagedOffsetRef(cache, { slot: s, layer: l, pos: p, head: h });
           for (let d = 0; d < D; d++) {
-            kPool[o + d] = next() * 2 - 1;
-            vPool[o + d] = next() * 2 - 1;
+            kPool[o + d] = round(next() * 2 - 1);
+            vPool[o + d] = round(next() * 2 - 1);
           }
         }
       }
     }
   });
   return cache;
+}
+
+/** Rounds a value to what a cache of `dtype` holds (f16: round to nearest even). */
+export function kvRound(dtype: KvDtype): (x: number) => number {
+  return dtype === "f16" ? Math.f16round : Math.fround;
 }
 
 /** Where a token's head lives in the pools. */
@@ -429,7 +452,8 @@ export interface AttentionDecodeRefOptions {
 export interface AttentionDecodeRef {
   /** `[S, nHeads, headDim]`; zeros for a slot with `seqLen` 0. */
   out: Float64Array;
-  /** Copies of the cache's pools with each slot's new k (rotated) and v written in, as f32. */
+  /** Copies of the cache's pools with each slot's new k (rotated) and v written in, rounded to
+   * the cache's dtype. */
   kPool: Float32Array;
   vPool: Float32Array;
 }
@@ -437,7 +461,7 @@ export interface AttentionDecodeRef {
 /**
  * One decode step of one layer's attention, RoPE and KV write included (kernels/attention_decode):
  * {@linkcode ropeKvRef} of each slot's row of `qkv [S, (Hq + 2·Hkv)·D]` at `pos[s]`; its k and v
- * stored (rounded to f32, as the cache holds them) at `(s, pos[s])` through the block table,
+ * stored (rounded to the cache's dtype) at `(s, pos[s])` through the block table,
  * slots in order, none past the table; then {@linkcode attentionRef} of its rotated q over keys
  * `0..seqLen[s]-1` of the updated cache.
  */
@@ -451,13 +475,14 @@ export function attentionDecodeRef(
   const S = pos.length, n = nHeads * D;
   const rot = ropeKvRef(qkv, { pos, invFreq, nHeads, nKvHeads, headDim: D });
   const after = { ...cache, kPool: cache.kPool.slice(), vPool: cache.vPool.slice() };
+  const round = kvRound(cache.kvDtype);
   for (let s = 0; s < S; s++) {
     if (pos[s] >= KV_BLOCK_REF * maxBlocks) continue;
     for (let h = 0; h < nKvHeads; h++) {
       const o = pagedOffsetRef(after, { slot: s, layer, pos: pos[s], head: h });
       const from = (s * nKvHeads + h) * D;
-      after.kPool.set(rot.k.subarray(from, from + D), o);
-      after.vPool.set(rot.v.subarray(from, from + D), o);
+      after.kPool.set(rot.k.subarray(from, from + D).map(round), o);
+      after.vPool.set(rot.v.subarray(from, from + D).map(round), o);
     }
   }
   const out = new Float64Array(S * n);

@@ -2,6 +2,7 @@
  * RoPE on the q and k parts of the fused qkv projection, and the KV-cache write (prefill; a
  * decode step does both inside `attention_decode`). See kernels/rope_kv.wgsl.
  */
+import type { KvDtype } from "../engine/dtype.ts";
 import type { Gpu } from "../engine/gpu.ts";
 import { bindGroup, type Dispatch, grid, params, pipeline, uniform, wgsl } from "./dispatch.ts";
 
@@ -13,9 +14,9 @@ export interface RopeKvBuffers {
   qkv: GPUBuffer;
   /** `f32 [T, Hq, D]` out: rotated q. */
   q: GPUBuffer;
-  /** `f32 [numBlocks, nLayers, Hkv, 16, D]`: rotated k is written here. */
+  /** `[numBlocks, nLayers, Hkv, 16, D]` of `kvDtype`: rotated k is written here. */
   kPool: GPUBuffer;
-  /** `f32 [numBlocks, nLayers, Hkv, 16, D]`: v is written here. */
+  /** `[numBlocks, nLayers, Hkv, 16, D]` of `kvDtype`: v is written here. */
   vPool: GPUBuffer;
   /** `u32 [T]` absolute position of each token. */
   pos: GPUBuffer;
@@ -38,6 +39,8 @@ export interface RopeKvOptions {
   nLayers: number;
   /** Block-table row length. */
   maxBlocks: number;
+  /** Element type of the pools (default f32; f16 rounds k and v as they are written). */
+  kvDtype?: KvDtype;
 }
 
 /**
@@ -66,8 +69,9 @@ export function ropeKvDispatch(gpu: Gpu, buffers: RopeKvBuffers, opts: RopeKvOpt
   }
   const threads = tokens * (nHeads + 2 * nKvHeads) * (headDim / 2);
   const groups = grid(Math.ceil(threads / WG));
+  const kv16 = opts.kvDtype === "f16";
   const pipe = pipeline(gpu, "rope_kv.wgsl", {
-    constants: { WG },
+    constants: { WG, KV16: kv16 ? 1 : 0 },
     prelude: wgsl("rope_common.wgsl"),
   });
   const u = uniform(
@@ -76,7 +80,9 @@ export function ropeKvDispatch(gpu: Gpu, buffers: RopeKvBuffers, opts: RopeKvOpt
   );
   const b = buffers;
   return {
-    label: `rope_kv ${tokens}x(${nHeads}+2x${nKvHeads})x${headDim} L${layer}`,
+    label: `rope_kv ${tokens}x(${nHeads}+2x${nKvHeads})x${headDim}${
+      kv16 ? " kv f16" : ""
+    } L${layer}`,
     pipeline: pipe,
     bindGroup: bindGroup(gpu, pipe, [
       u,

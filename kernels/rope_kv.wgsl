@@ -3,9 +3,12 @@
 // prepended by the wrapper).
 // Rotated q goes to q[T, Hq, D]; rotated k and plain v go into the paged pools at
 // (tok_seq[t], pos[t]): block block_table[slot * max_blocks + pos / 16], row pos % 16.
-// One thread per (token, head, rotation pair i); v heads just copy their pair.
+// One thread per (token, head, pair of adjacent elements 2i, 2i + 1): a pool word of an f16
+// cache holds such a pair, so no two threads write one word. Each element of k is rotated with
+// its partner D / 2 away (the pair's partners may be split across words); v heads just copy.
 
 override WG: u32 = 64u;
+override KV16: bool = false; // the pools hold f16, two per word (else f32 bits)
 
 const BLOCK: u32 = 16u; // tokens per KV block (docs/internals.md)
 
@@ -27,35 +30,44 @@ struct Params {
 @group(0) @binding(4) var<storage, read> block_table: array<u32>;
 @group(0) @binding(5) var<storage, read> inv_freq: array<f32>;
 @group(0) @binding(6) var<storage, read_write> q: array<f32>;
-@group(0) @binding(7) var<storage, read_write> k_pool: array<f32>;
-@group(0) @binding(8) var<storage, read_write> v_pool: array<f32>;
+@group(0) @binding(7) var<storage, read_write> k_pool: array<u32>;
+@group(0) @binding(8) var<storage, read_write> v_pool: array<u32>;
+
+// Element e of the head at `src` in qkv: rotated at `position` (q and k heads) or as is (v).
+fn element(src: u32, e: u32, position: u32, rotate: bool) -> f32 {
+  if (!rotate) {
+    return qkv[src + e];
+  }
+  let half = p.head_dim / 2u;
+  if (e < half) {
+    return rope_pair(qkv[src + e], qkv[src + e + half], position, inv_freq[e]).x;
+  }
+  return rope_pair(qkv[src + e - half], qkv[src + e], position, inv_freq[e - half]).y;
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let half = p.head_dim / 2u;
+  let pairs = p.head_dim / 2u;
   let heads = p.n_heads + 2u * p.n_kv_heads;
   let idx = (wid.y * p.groups_x + wid.x) * WG + lid;
-  if (idx >= p.tokens * heads * half) {
+  if (idx >= p.tokens * heads * pairs) {
     return;
   }
-  let i = idx % half;
-  let hh = (idx / half) % heads;
-  let t = idx / (half * heads);
-  let src = (t * heads + hh) * p.head_dim + i;
-  let x0 = qkv[src];
-  let x1 = qkv[src + half];
+  let e = (idx % pairs) * 2u;
+  let hh = (idx / pairs) % heads;
+  let t = idx / (pairs * heads);
+  let src = (t * heads + hh) * p.head_dim;
   let position = pos[t];
-  let rot = rope_pair(x0, x1, position, inv_freq[i]);
-  let r0 = rot.x;
-  let r1 = rot.y;
+  let is_v = hh >= p.n_heads + p.n_kv_heads;
+  let x0 = element(src, e, position, !is_v);
+  let x1 = element(src, e + 1u, position, !is_v);
 
   if (hh < p.n_heads) {
-    let o = (t * p.n_heads + hh) * p.head_dim + i;
-    q[o] = r0;
-    q[o + half] = r1;
+    let o = (t * p.n_heads + hh) * p.head_dim + e;
+    q[o] = x0;
+    q[o + 1u] = x1;
     return;
   }
-  let is_v = hh >= p.n_heads + p.n_kv_heads;
   let kvh = (hh - p.n_heads) % p.n_kv_heads;
   let logical = position / BLOCK;
   if (logical >= p.max_blocks) {
@@ -63,12 +75,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
   let b = block_table[tok_seq[t] * p.max_blocks + logical];
   let o = (((b * p.n_layers + p.layer) * p.n_kv_heads + kvh) * BLOCK + position % BLOCK) *
-      p.head_dim + i;
-  if (is_v) {
-    v_pool[o] = x0;
-    v_pool[o + half] = x1;
+      p.head_dim + e;
+  if (KV16) {
+    let word = pack2x16float(vec2<f32>(x0, x1));
+    if (is_v) {
+      v_pool[o / 2u] = word;
+    } else {
+      k_pool[o / 2u] = word;
+    }
+  } else if (is_v) {
+    v_pool[o] = bitcast<u32>(x0);
+    v_pool[o + 1u] = bitcast<u32>(x1);
   } else {
-    k_pool[o] = r0;
-    k_pool[o + half] = r1;
+    k_pool[o] = bitcast<u32>(x0);
+    k_pool[o + 1u] = bitcast<u32>(x1);
   }
 }

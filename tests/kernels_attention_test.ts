@@ -4,7 +4,8 @@
  * no valid token lives.
  */
 import assert from "node:assert/strict";
-import { createStorage, type Gpu, readF32 } from "../engine/gpu.ts";
+import type { KvDtype } from "../engine/dtype.ts";
+import { createStorage, type Gpu, readBuffer, readF32 } from "../engine/gpu.ts";
 import { attentionDispatch, attentionTile } from "../kernels/attention.ts";
 import {
   attentionDecodeDispatches,
@@ -15,6 +16,7 @@ import { type Dispatch, run } from "../kernels/dispatch.ts";
 import {
   attentionDecodeRef,
   attentionRef,
+  kvRound,
   type PagedCacheRef,
   pagedCacheRef,
   pagedKvRef,
@@ -30,13 +32,23 @@ function invFreqs(headDim: number, base = 10000): Float32Array {
   return Float32Array.from({ length: headDim / 2 }, (_, i) => base ** (-(2 * i) / headDim));
 }
 
-/** The cache's pools and table on the GPU. */
+/** The cache's pools (as its dtype) and table on the GPU. */
 function uploadCache(gpu: Gpu, c: PagedCacheRef) {
+  const pool = (x: Float32Array) => {
+    const data = c.kvDtype === "f16" ? Float16Array.from(x) : x;
+    return createStorage(gpu, data.byteLength, data);
+  };
   return {
-    kPool: createStorage(gpu, c.kPool.byteLength, c.kPool),
-    vPool: createStorage(gpu, c.vPool.byteLength, c.vPool),
+    kPool: pool(c.kPool),
+    vPool: pool(c.vPool),
     blockTable: createStorage(gpu, c.blockTable.byteLength, c.blockTable),
   };
+}
+
+/** Reads `count` values of a pool of `dtype` back, widened to f32. */
+async function readPool(gpu: Gpu, pool: GPUBuffer, count: number, dtype: KvDtype) {
+  if (dtype === "f32") return await readF32(gpu, pool, count);
+  return Float32Array.from(new Float16Array(await readBuffer(gpu, pool, count * 2)));
 }
 
 const f32 = (gpu: Gpu, a: ArrayLike<number>) => {
@@ -70,6 +82,7 @@ interface RopeCase {
   headDim: number;
   /** (slot, position) of each token; positions ≥ 16·maxBlocks test the no-write guard. */
   toks: [number, number][];
+  kvDtype?: KvDtype;
 }
 
 for (
@@ -77,10 +90,15 @@ for (
     { nHeads: 8, nKvHeads: 2, headDim: 64, toks: [[0, 5], [2, 16], [1, 0], [0, 6], [2, 17]] },
     { nHeads: 4, nKvHeads: 1, headDim: 24, toks: [[1, 31], [0, 100003], [1, 32], [0, 262143]] },
     { nHeads: 2, nKvHeads: 2, headDim: 128, toks: [[0, 47], [0, 15], [1, 4097]] },
+    // An f16 cache: two elements per word, head dims 64 and 18 (odd pairs per half).
+    { nHeads: 8, nKvHeads: 2, headDim: 64, toks: [[0, 5], [2, 16], [1, 63]], kvDtype: "f16" },
+    { nHeads: 2, nKvHeads: 1, headDim: 18, toks: [[1, 31], [0, 2], [2, 70]], kvDtype: "f16" },
   ] as RopeCase[]
 ) {
   const { nHeads, nKvHeads, headDim: D } = c;
-  Deno.test(`rope_kv ${nHeads}/${nKvHeads}x${D} T=${c.toks.length}`, async () => {
+  const kvDtype = c.kvDtype ?? "f32";
+  const kvName = c.kvDtype ? ` kv ${c.kvDtype}` : "";
+  Deno.test(`rope_kv ${nHeads}/${nKvHeads}x${D} T=${c.toks.length}${kvName}`, async () => {
     const gpu = await testGpu();
     const r = rng(11 + D);
     const nLayers = 3, layer = 1, maxBlocks = 4;
@@ -91,6 +109,7 @@ for (
       nKvHeads,
       headDim: D,
       maxBlocks,
+      kvDtype,
     });
     const T = c.toks.length, width = (nHeads + 2 * nKvHeads) * D;
     const qkv = r.uniform(T * width, 2);
@@ -106,23 +125,24 @@ for (
         pos: u32(gpu, pos),
         tokSeq: u32(gpu, tokSeq),
         invFreq: f32(gpu, invFreq),
-      }, { tokens: T, nHeads, nKvHeads, headDim: D, layer, nLayers, maxBlocks }),
+      }, { tokens: T, nHeads, nKvHeads, headDim: D, layer, nLayers, maxBlocks, kvDtype }),
     ]);
     const want = ropeKvRef(Float32Array.from(qkv), { pos, invFreq, nHeads, nKvHeads, headDim: D });
     assertClose("rope q", await readF32(gpu, q, T * nHeads * D), want.q);
     const kWant = cache.kPool.slice(), vWant = cache.vPool.slice();
+    const round = kvRound(kvDtype);
     c.toks.forEach(([slot, p], t) => {
       if (p >= 16 * maxBlocks) return;
       for (let h = 0; h < nKvHeads; h++) {
         const o = pagedOffsetRef(cache, { slot, layer, pos: p, head: h });
         for (let d = 0; d < D; d++) {
-          kWant[o + d] = want.k[(t * nKvHeads + h) * D + d];
-          vWant[o + d] = want.v[(t * nKvHeads + h) * D + d];
+          kWant[o + d] = round(want.k[(t * nKvHeads + h) * D + d]);
+          vWant[o + d] = round(want.v[(t * nKvHeads + h) * D + d]);
         }
       }
     });
-    assertPool("rope k pool", await readF32(gpu, gc.kPool, kWant.length), kWant);
-    assertPool("rope v pool", await readF32(gpu, gc.vPool, vWant.length), vWant);
+    assertPool("rope k pool", await readPool(gpu, gc.kPool, kWant.length, kvDtype), kWant);
+    assertPool("rope v pool", await readPool(gpu, gc.vPool, vWant.length, kvDtype), vWant);
   });
 }
 
@@ -139,6 +159,7 @@ interface PrefillCase {
   /** Forces the tile (with a `maxTileBytes` that lets it fit everywhere). */
   tileRows?: number;
   tileKeys?: number;
+  kvDtype?: KvDtype;
 }
 
 const TINY_HEADS = { nHeads: 32, nKvHeads: 4, headDim: 64 }; // TinyLlama's heads: GQA 8
@@ -170,13 +191,16 @@ for (
     { nHeads: 6, nKvHeads: 2, headDim: 8, tokens: 70, pos0: 9, tileRows: 4, tileKeys: 64 },
     { nHeads: 4, nKvHeads: 1, headDim: 16, tokens: 33, pos0: 47, tileRows: 12, tileKeys: 16 },
     { nHeads: 8, nKvHeads: 2, headDim: 64, tokens: 40, pos0: 5, tileRows: 8, tileKeys: 8 },
+    // An f16 cache: GQA 8 after cached keys, and head dim 18 (rows of 9 words).
+    { ...TINY_HEADS, tokens: 37, pos0: 29, kvDtype: "f16" },
+    { nHeads: 2, nKvHeads: 1, headDim: 18, tokens: 11, pos0: 4, kvDtype: "f16" },
   ] as PrefillCase[]
 ) {
   const { nHeads, nKvHeads, headDim: D, tokens: T, pos0 } = c;
   const name = `attention prefill ${nHeads}/${nKvHeads}x${D} T=${T} pos0=${pos0}`;
   const extra = (c.tokenOffset ? ` offset ${c.tokenOffset}` : "") +
     (c.maxTileBytes ? ` tile <= ${c.maxTileBytes} B` : "") +
-    (c.tileRows ? ` tile ${c.tileRows}x${c.tileKeys}` : "");
+    (c.tileRows ? ` tile ${c.tileRows}x${c.tileKeys}` : "") + (c.kvDtype ? ` kv ${c.kvDtype}` : "");
   Deno.test(name + extra, async () => {
     const gpu = await testGpu();
     const r = rng(7 * T + D);
@@ -188,6 +212,7 @@ for (
       nKvHeads,
       headDim: D,
       maxBlocks,
+      kvDtype: c.kvDtype,
     });
     const row0 = c.tokenOffset ?? 0, rows = row0 + T;
     // Peaky softmax (|scores| of several units), so the max and rescaling really matter.
@@ -208,6 +233,7 @@ for (
       scale: c.scale,
       tokenOffset: c.tokenOffset,
       maxTileBytes: c.maxTileBytes,
+      kvDtype: c.kvDtype,
       ...forced,
     });
     await run(gpu, [d]);
@@ -243,6 +269,7 @@ interface DecodeCase {
   maxTileBytes?: number;
   /** Llama 3.1's rope scaling (theta 500000, factor 8) instead of plain theta 10000. */
   llama3?: boolean;
+  kvDtype?: KvDtype;
 }
 
 /** Llama 3.1's inverse frequencies (rope scaling applied), as f32. */
@@ -351,6 +378,18 @@ for (
       llama3: true,
     },
     { nHeads: 4, nKvHeads: 2, headDim: 256, seqLens: [100, 37], maxContext: 128, splitSize: 64 },
+    // An f16 cache: GQA 8 ragged in a single pass and split, head dim 24 (a pair straddles vec4s).
+    { ...TINY, seqLens: RAGGED, done: [3], maxContext: 640, splitSize: SINGLE, kvDtype: "f16" },
+    { ...TINY, seqLens: [640, 1, 0, 77, 300], done: [4], maxContext: 640, kvDtype: "f16" },
+    {
+      nHeads: 4,
+      nKvHeads: 1,
+      headDim: 24,
+      seqLens: [33, 5, 50],
+      maxContext: 40,
+      splitSize: 16,
+      kvDtype: "f16",
+    },
   ] as DecodeCase[]
 ) {
   const { nHeads, nKvHeads, headDim: D, seqLens } = c;
@@ -361,7 +400,8 @@ for (
     ? ` split ${c.splitSize}`
     : "";
   const extra = split + (c.maxTileBytes ? ` tile <= ${c.maxTileBytes} B` : "") +
-    (c.done ? ` done ${c.done}` : "") + (c.llama3 ? " llama3" : "");
+    (c.done ? ` done ${c.done}` : "") + (c.llama3 ? " llama3" : "") +
+    (c.kvDtype ? ` kv ${c.kvDtype}` : "");
   const name = `attention decode ${nHeads}/${nKvHeads}x${D} lens ${seqLens} ctx ${c.maxContext}`;
   Deno.test(name + extra, async () => {
     const gpu = await testGpu();
@@ -379,7 +419,9 @@ for (
       nKvHeads,
       headDim: D,
       maxBlocks,
+      kvDtype: c.kvDtype,
     });
+    const kvDtype = cache.kvDtype;
     const width = (nHeads + 2 * nKvHeads) * D;
     const qkv = Float32Array.from(r.uniform(S * width, 2));
     const invFreq = c.llama3 ? llama3InvFreqs(D) : invFreqs(D);
@@ -397,6 +439,7 @@ for (
       maxContext: c.maxContext,
       splitSize: c.splitSize,
       maxTileBytes: c.maxTileBytes,
+      kvDtype,
     };
     // An own scratch full of NaN: splits past a slot's end must never be read.
     const bytes = attentionDecodeScratchBytes(shape);
@@ -423,8 +466,8 @@ for (
     }
     // The pools: every new token in its place, the finished slots' in the trash row, nothing
     // else touched.
-    const kGot = await readF32(gpu, gc.kPool, want.kPool.length);
-    const vGot = await readF32(gpu, gc.vPool, want.vPool.length);
+    const kGot = await readPool(gpu, gc.kPool, want.kPool.length, kvDtype);
+    const vGot = await readPool(gpu, gc.vPool, want.vPool.length, kvDtype);
     const writers = seqLens.flatMap((_, s) => finished[s] ? [s] : []);
     if (writers.length > 1) {
       const rot = ropeKvRef(qkv, { pos, invFreq, nHeads, nKvHeads, headDim: D });
@@ -432,8 +475,9 @@ for (
         { length: nKvHeads },
         (_, head) => pagedOffsetRef(cache, { slot: writers[0], layer, pos: trashPos, head }),
       );
+      const round = kvRound(kvDtype);
       const of = (x: Float64Array) =>
-        writers.map((s) => x.subarray(s * nKvHeads * D, (s + 1) * nKvHeads * D));
+        writers.map((s) => x.subarray(s * nKvHeads * D, (s + 1) * nKvHeads * D).map(round));
       acceptAnyTrashWriter(want.kPool, kGot, rows, of(rot.k), D);
       acceptAnyTrashWriter(want.vPool, vGot, rows, of(rot.v), D);
     }
@@ -442,51 +486,55 @@ for (
   });
 }
 
-Deno.test("attention decode writes the KV that rope_kv writes, trash included", async () => {
-  const gpu = await testGpu();
-  const r = rng(77);
-  const nHeads = 8, nKvHeads = 2, D = 64, nLayers = 2, layer = 0, maxBlocks = 6;
-  const seqLens = [17, 1, 65, 40], pos = [16, 0, 64, 80]; // slot 3 finished: the trash position
-  const cache = pagedCacheRef(r.next, {
-    seqLens: [16, 0, 64, 40],
-    capacity: seqLens,
-    nLayers,
-    nKvHeads,
-    headDim: D,
-    maxBlocks,
+for (const kvDtype of ["f32", "f16"] as KvDtype[]) {
+  Deno.test(`attention decode writes the KV that rope_kv writes, trash included, kv ${kvDtype}`, async () => {
+    const gpu = await testGpu();
+    const r = rng(77);
+    const nHeads = 8, nKvHeads = 2, D = 64, nLayers = 2, layer = 0, maxBlocks = 6;
+    const seqLens = [17, 1, 65, 40], pos = [16, 0, 64, 80]; // slot 3 finished: the trash position
+    const cache = pagedCacheRef(r.next, {
+      seqLens: [16, 0, 64, 40],
+      capacity: seqLens,
+      nLayers,
+      nKvHeads,
+      headDim: D,
+      maxBlocks,
+      kvDtype,
+    });
+    const qkv = f32(gpu, r.uniform(4 * (nHeads + 2 * nKvHeads) * D, 2));
+    const invFreq = f32(gpu, llama3InvFreqs(D));
+    const heads = { nHeads, nKvHeads, headDim: D, layer, nLayers, maxBlocks, kvDtype };
+    const a = uploadCache(gpu, cache), b = uploadCache(gpu, cache);
+    const out = createStorage(gpu, 4 * nHeads * D * 4);
+    await run(gpu, [
+      ropeKvDispatch(gpu, {
+        qkv,
+        q: createStorage(gpu, 4 * nHeads * D * 4),
+        ...a,
+        pos: u32(gpu, pos),
+        tokSeq: u32(gpu, [0, 1, 2, 3]),
+        invFreq,
+      }, { tokens: 4, ...heads }),
+      ...attentionDecodeDispatches(gpu, {
+        qkv,
+        pos: u32(gpu, pos),
+        invFreq,
+        ...b,
+        seqLen: u32(gpu, seqLens),
+        out,
+      }, { seqs: 4, ...heads, maxContext: 96, splitSize: 32 }),
+    ]);
+    const elems = cache.kPool.length;
+    const read = (pool: GPUBuffer) => readPool(gpu, pool, elems, kvDtype);
+    const [ka, kb] = [await read(a.kPool), await read(b.kPool)];
+    const [va, vb] = [await read(a.vPool), await read(b.vPool)];
+    // Same f32 arithmetic (rope_common.wgsl) on the same inputs: equal up to FMA contraction.
+    assertPool("k pool vs rope_kv", kb, ka);
+    assertPool("v pool vs rope_kv", vb, va);
+    const trash = pagedOffsetRef(cache, { slot: 3, layer, pos: 80, head: 1 });
+    assert.ok(!Number.isNaN(kb[trash]) && kb[trash] === ka[trash], "trash row written");
   });
-  const qkv = f32(gpu, r.uniform(4 * (nHeads + 2 * nKvHeads) * D, 2));
-  const invFreq = f32(gpu, llama3InvFreqs(D));
-  const heads = { nHeads, nKvHeads, headDim: D, layer, nLayers, maxBlocks };
-  const a = uploadCache(gpu, cache), b = uploadCache(gpu, cache);
-  const out = createStorage(gpu, 4 * nHeads * D * 4);
-  await run(gpu, [
-    ropeKvDispatch(gpu, {
-      qkv,
-      q: createStorage(gpu, 4 * nHeads * D * 4),
-      ...a,
-      pos: u32(gpu, pos),
-      tokSeq: u32(gpu, [0, 1, 2, 3]),
-      invFreq,
-    }, { tokens: 4, ...heads }),
-    ...attentionDecodeDispatches(gpu, {
-      qkv,
-      pos: u32(gpu, pos),
-      invFreq,
-      ...b,
-      seqLen: u32(gpu, seqLens),
-      out,
-    }, { seqs: 4, ...heads, maxContext: 96, splitSize: 32 }),
-  ]);
-  const elems = cache.kPool.length;
-  const [ka, kb] = [await readF32(gpu, a.kPool, elems), await readF32(gpu, b.kPool, elems)];
-  const [va, vb] = [await readF32(gpu, a.vPool, elems), await readF32(gpu, b.vPool, elems)];
-  // Same f32 arithmetic (rope_common.wgsl) on the same inputs: equal up to FMA contraction.
-  assertPool("k pool vs rope_kv", kb, ka);
-  assertPool("v pool vs rope_kv", vb, va);
-  const trash = pagedOffsetRef(cache, { slot: 3, layer, pos: 80, head: 1 });
-  assert.ok(!Number.isNaN(kb[trash]) && kb[trash] === ka[trash], "trash row written");
-});
+}
 
 Deno.test("attention decode: one pass when the batch fills the GPU or the context is short", async () => {
   const gpu = await testGpu();

@@ -3,13 +3,14 @@
  *
  *   deno task start [--model DIR] [--host H] [--port N] [--api-key KEY] [--kv PATH]
  *   deno task generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
- *                      [--temperature T] [--seed S] [--json]
+ *                      [--temperature T] [--seed S] [--json] [--kv-dtype f32|f16]
  */
 import { parseArgs } from "node:util";
 import { Engine } from "./engine/engine.ts";
 import { sampling } from "./engine/api.ts";
 import { status } from "./engine/progress.ts";
 import { SessionStore } from "./engine/session_store.ts";
+import type { KvDtype } from "./engine/dtype.ts";
 
 /** The model served when none is given: the small model shipped in models/. */
 export const DEFAULT_MODEL = new URL("./models/strata-default", import.meta.url).pathname;
@@ -17,19 +18,25 @@ export const DEFAULT_MODEL = new URL("./models/strata-default", import.meta.url)
 const USAGE = `usage:
   main.ts serve    [--model DIR] [--host H] [--port N] [--api-key KEY] [--kv PATH]
                    [--max-slots N] [--max-queued N] [--context-length N] [--cors ORIGINS]
-                   [--max-body-bytes N]
+                   [--max-body-bytes N] [--kv-dtype f32|f16]
   main.ts generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
                    [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
-                   [--stop STR] [--chat] [--json]
+                   [--stop STR] [--chat] [--json] [--kv-dtype f32|f16]
 --kv PATH keeps sessions (tokens and KV blocks) in Deno KV at PATH across restarts.
+--kv-dtype f16 holds the KV cache in half the memory (K and V rounded to f16); default f32.
 Environment: STRATA_MODEL, HOST, PORT, STRATA_API_KEY, STRATA_KV, STRATA_CORS, STRATA_MAX_SLOTS,
-STRATA_MAX_QUEUED, STRATA_CONTEXT_LENGTH, STRATA_MAX_BODY_BYTES`;
+STRATA_MAX_QUEUED, STRATA_CONTEXT_LENGTH, STRATA_MAX_BODY_BYTES, STRATA_KV_DTYPE`;
 
 function int(name: string, v: string | undefined, fallback: number): number {
   if (v === undefined) return fallback;
   const n = Number(v);
   if (!Number.isInteger(n)) throw new Error(`--${name} must be an integer; got '${v}'`);
   return n;
+}
+
+function kvDtype(v: string | undefined): KvDtype {
+  if (v === undefined || v === "f32" || v === "f16") return v ?? "f32";
+  throw new Error(`--kv-dtype must be f32 or f16; got '${v}'`);
 }
 
 function num(name: string, v: string | undefined, fallback: number): number {
@@ -55,6 +62,7 @@ async function generate(args: string[]): Promise<void> {
       stop: { type: "string", multiple: true },
       chat: { type: "boolean" },
       json: { type: "boolean" },
+      "kv-dtype": { type: "string" },
     },
   });
   if ((v.prompt === undefined) === (v["prompt-ids"] === undefined)) {
@@ -62,6 +70,7 @@ async function generate(args: string[]): Promise<void> {
   }
   const engine = await Engine.load(v.model ?? Deno.env.get("STRATA_MODEL") ?? DEFAULT_MODEL, {
     maxSlots: 1,
+    kvDtype: kvDtype(v["kv-dtype"] ?? (Deno.env.get("STRATA_KV_DTYPE") || undefined)),
   });
   status(`model ${engine.modelId} on ${engine.adapterName}`);
   const promptIds = v["prompt-ids"] !== undefined
@@ -122,6 +131,7 @@ async function serve(args: string[]): Promise<void> {
       "context-length": { type: "string" },
       "max-body-bytes": { type: "string" },
       kv: { type: "string" },
+      "kv-dtype": { type: "string" },
     },
   });
   const env = (k: string) => Deno.env.get(k) || undefined;
@@ -135,6 +145,7 @@ async function serve(args: string[]): Promise<void> {
     contextLength: v["context-length"] ?? env("STRATA_CONTEXT_LENGTH")
       ? int("context-length", v["context-length"] ?? env("STRATA_CONTEXT_LENGTH"), 0)
       : undefined,
+    kvDtype: kvDtype(v["kv-dtype"] ?? env("STRATA_KV_DTYPE")),
   });
   const { createApp } = await import("./routes/app.ts");
   const cors = v.cors ?? env("STRATA_CORS");

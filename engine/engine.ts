@@ -17,6 +17,7 @@ import { loadModelFolder } from "./model_folder.ts";
 import { type ModelConfig, ropeInvFreq } from "./config.ts";
 import { TextTokenizer } from "./tokenizer.ts";
 import { type ModelWeights, uploadWeights } from "./weights.ts";
+import { KV_BYTES, type KvDtype } from "./dtype.ts";
 import { blockBytes, Decoder } from "./forward.ts";
 import { BLOCK, BlockPool, SequenceBlocks } from "./kv.ts";
 import {
@@ -50,8 +51,17 @@ export interface EngineOptions {
    * queued work.
    */
   queueDepth?: number;
-  /** KV blocks (default: as many as fit in one binding, at most 4096). */
+  /**
+   * KV blocks (default: as many as fit in one binding, at most 4096 with an f32 cache and 8192
+   * with an f16 one, the same memory).
+   */
   kvBlocks?: number;
+  /**
+   * Element type of the KV cache (default f32). f16 halves the cache's memory and the bytes
+   * decode attention reads; K and V are then rounded to f16 as they are written, so outputs
+   * differ from an f32 cache by rounding (greedy tokens may part at near-ties).
+   */
+  kvDtype?: KvDtype;
   /** Where sessions are snapshotted after every turn and restored from at load (Deno KV). */
   store?: SessionStore;
   gpu?: Gpu;
@@ -143,9 +153,12 @@ export class Engine implements EngineLike {
       // so cancels, pings and other requests are served between submissions.
       maxSteps: options.maxSteps ?? (isCpuAdapter(gpu) ? 4 : 32),
       queueDepth: options.queueDepth ?? 2,
+      kvDtype: options.kvDtype ?? "f32",
     };
-    const perPool = Math.floor(gpu.maxBinding / blockBytes(cfg));
-    const numBlocks = Math.min(options.kvBlocks ?? 4096, perPool);
+    const perPool = Math.floor(gpu.maxBinding / blockBytes(cfg, opts.kvDtype));
+    // The default is a memory budget, 4096 f32 blocks' worth: an f16 cache holds twice the tokens.
+    const budget = Math.floor((4096 * KV_BYTES.f32) / KV_BYTES[opts.kvDtype]);
+    const numBlocks = Math.min(options.kvBlocks ?? budget, perPool);
     const need = Math.ceil(opts.contextLength / BLOCK) + 1;
     if (numBlocks < need) {
       throw new Error(
@@ -161,6 +174,7 @@ export class Engine implements EngineLike {
       maxSteps: opts.maxSteps,
       regions: REGIONS,
       topK: TOP_K,
+      kvDtype: opts.kvDtype,
     }, tokenizer.eosIds);
     return new Engine(gpu, model.id, tokenizer, decoder, opts, options.store);
   }

@@ -10,6 +10,7 @@ import { createStorage } from "./gpu.ts";
 import type { ModelConfig } from "./config.ts";
 import type { ModelWeights } from "./weights.ts";
 import { BLOCK } from "./kv.ts";
+import { KV_BYTES, type KvDtype } from "./dtype.ts";
 import { type Dispatch } from "../kernels/dispatch.ts";
 import { embeddingDispatch } from "../kernels/embedding.ts";
 import { rmsnormDispatch } from "../kernels/rmsnorm.ts";
@@ -37,11 +38,13 @@ export interface DecoderOptions {
   regions: number;
   /** Alternatives kept per token for top_logprobs. */
   topK: number;
+  /** Element type of the KV pools. */
+  kvDtype: KvDtype;
 }
 
 /** Bytes one KV block takes in each of the K and V pools. */
-export function blockBytes(cfg: ModelConfig): number {
-  return cfg.nLayers * cfg.nKvHeads * BLOCK * cfg.headDim * 4;
+export function blockBytes(cfg: ModelConfig, kvDtype: KvDtype): number {
+  return cfg.nLayers * cfg.nKvHeads * BLOCK * cfg.headDim * KV_BYTES[kvDtype];
 }
 
 /** Weights plus every buffer a forward pass touches, and builders for its dispatches. */
@@ -87,8 +90,8 @@ export class Decoder {
       createStorage(gpu, bytes, data, label);
     this.maxBlocks = Math.ceil(opts.contextLength / BLOCK) + 1;
     this.trashPos = (this.maxBlocks - 1) * BLOCK;
-    this.kPool = buf(opts.numBlocks * blockBytes(cfg), "k_pool");
-    this.vPool = buf(opts.numBlocks * blockBytes(cfg), "v_pool");
+    this.kPool = buf(opts.numBlocks * blockBytes(cfg, opts.kvDtype), "k_pool");
+    this.vPool = buf(opts.numBlocks * blockBytes(cfg, opts.kvDtype), "v_pool");
     this.blockTable = buf(S * this.maxBlocks * 4, "block_table"); // zeros: the trash block
     const eos = eosIds.length ? eosIds : [0xffffffff];
     this.eosCount = eosIds.length;
@@ -176,6 +179,7 @@ export class Decoder {
       layer,
       nLayers: c.nLayers,
       maxBlocks: this.maxBlocks,
+      kvDtype: this.opts.kvDtype,
     };
   }
 

@@ -44,6 +44,11 @@ export interface ReferenceWeights {
 export interface ForwardOptions {
   /** Only the last position's logits (what generation needs). */
   lastOnly?: boolean;
+  /**
+   * Rounds each element of k (after RoPE) and v as a KV cache of that precision holds it, e.g.
+   * `Math.f16round` for an f16 cache (default: kept as is).
+   */
+  kvRound?: (x: number) => number;
 }
 
 /** Float64 reference model. */
@@ -120,6 +125,13 @@ export class ReferenceModel {
       for (let t = 0; t < T; t++) {
         rope(q[t], { nHeads, headDim: D, pos: t, invFreq: this.invFreq });
         rope(k[t], { nHeads: nKvHeads, headDim: D, pos: t, invFreq: this.invFreq });
+        const round = options.kvRound;
+        if (round) {
+          for (let i = 0; i < k[t].length; i++) {
+            k[t][i] = round(k[t][i]);
+            v[t][i] = round(v[t][i]);
+          }
+        }
       }
       const attn = attention(q, k, v, { nHeads, nKvHeads, headDim: D, window: cfg.slidingWindow });
       for (let t = 0; t < T; t++) addInto(x[t], linear(attn[t], layer.o, { bias: layer.oBias }));

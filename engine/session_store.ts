@@ -7,6 +7,7 @@
  */
 import xxhash from "xxhash-wasm";
 import { deflateSync, inflateSync } from "fflate";
+import type { KvDtype } from "./dtype.ts";
 
 const hasher = await xxhash();
 /** Deno KV refuses values over 64 KiB; stay below with room for the key and framing. */
@@ -21,6 +22,8 @@ export interface SessionManifest {
   tokens: Uint32Array;
   /** Tokens whose KV the blocks hold (≤ tokens.length). */
   computed: number;
+  /** Element type of the blocks' K and V (absent in snapshots from before f16 caches: f32). */
+  kv?: KvDtype;
   /** One entry per block, in order: the chunk holding that block's K then V bytes. */
   blocks: { hash: string; parts: number; bytes: number }[];
   createdAt: number;

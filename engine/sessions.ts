@@ -6,6 +6,7 @@
 import type { SessionInfo } from "./api.ts";
 import type { Decoder } from "./forward.ts";
 import { blockBytes } from "./forward.ts";
+import type { KvDtype } from "./dtype.ts";
 import { BLOCK, type BlockPool, SequenceBlocks } from "./kv.ts";
 import { SessionBusyError } from "./errors.ts";
 import type { SessionStore } from "./session_store.ts";
@@ -97,7 +98,7 @@ export class Sessions {
   snapshot(session: SessionEntry): void {
     if (!this.store) return;
     const store = this.store, { info, blocks } = session;
-    const d = this.decoder, bb = blockBytes(d.cfg), dev = d.gpu.device;
+    const d = this.decoder, kv = d.opts.kvDtype, bb = blockBytes(d.cfg, kv), dev = d.gpu.device;
     const n = Math.ceil(blocks.computed / BLOCK);
     const tokens = Uint32Array.from(blocks.tokens), computed = blocks.computed;
     const staging = dev.createBuffer({
@@ -121,7 +122,7 @@ export class Sessions {
     const write = Promise.all([read, previous])
       .then(([data]) =>
         store.save(
-          { id: info.id, model: this.modelId, tokens, computed, createdAt, updatedAt },
+          { id: info.id, model: this.modelId, tokens, computed, kv, createdAt, updatedAt },
           data,
         )
       )
@@ -133,17 +134,26 @@ export class Sessions {
     this.#snapshots.set(info.id, write);
   }
 
-  /** Brings stored sessions back onto the GPU, newest first, keeping half the pool free. */
+  /**
+   * Brings stored sessions back onto the GPU, newest first, keeping half the pool free. Blocks
+   * saved from a cache of the other dtype are converted (f32 ↔ f16).
+   */
   async restore(): Promise<void> {
     if (!this.store) return;
-    const d = this.decoder, bb = blockBytes(d.cfg), q = d.gpu.device.queue;
+    const d = this.decoder, kv = d.opts.kvDtype, bb = blockBytes(d.cfg, kv);
+    const q = d.gpu.device.queue;
     for (const m of await this.store.list(this.modelId)) {
       const info = { id: m.id, tokens: 0, createdAt: m.createdAt, updatedAt: m.updatedAt };
       const blocks = new SequenceBlocks(this.pool);
       this.#map.set(m.id, { info, blocks, busy: false });
       this.#stored.set(m.id, m.blocks.length);
       if (this.pool.freeCount - m.blocks.length < this.pool.blocks.length / 2) continue;
-      const { blocks: data } = await this.store.restore(m);
+      const { blocks: saved } = await this.store.restore(m);
+      const data = saved.map((raw) => convertBlock(raw, m.kv ?? "f32", kv));
+      if (data.some((raw) => raw.byteLength !== 2 * bb)) {
+        console.error(`strata: session '${m.id}' has blocks of another shape; not restored`);
+        continue;
+      }
       blocks.reserve(data.length * BLOCK);
       data.forEach((raw, i) => {
         q.writeBuffer(d.kPool, blocks.table[i] * bb, raw, 0, bb);
@@ -155,4 +165,13 @@ export class Sessions {
       Object.assign(info, { tokens: blocks.computed, persistedAt: m.updatedAt });
     }
   }
+}
+
+/** A block's K‖V bytes as a cache of `to` holds them, from a cache of `from` (little-endian). */
+function convertBlock(raw: Uint8Array<ArrayBuffer>, from: KvDtype, to: KvDtype) {
+  if (from === to) return raw;
+  const view = raw.slice(); // aligned copy
+  const values = from === "f16" ? new Float16Array(view.buffer) : new Float32Array(view.buffer);
+  const out = to === "f16" ? Float16Array.from(values) : Float32Array.from(values);
+  return new Uint8Array(out.buffer);
 }

@@ -7,7 +7,7 @@
  * must agree to float rounding. Prints one JSON line: sequences compared, how many kept every
  * token, steps compared before a parting, and the largest |Δ logprob| over those steps.
  *
- *   deno run -A scripts/batch_check.ts --model DIR [--batch 32] [--tokens 24]
+ *   deno run -A scripts/batch_check.ts --model DIR [--batch 32] [--tokens 24] [--kv-dtype f32|f16]
  *
  * scripts/gpu_check.sh runs it on the random TinyLlama-shape model of its HF comparison.
  */
@@ -21,6 +21,7 @@ const { values: v } = parseArgs({
     model: { type: "string" },
     batch: { type: "string", default: "32" },
     tokens: { type: "string", default: "24" },
+    "kv-dtype": { type: "string", default: "f32" },
   },
 });
 if (!v.model) throw new Error("batch_check: --model DIR is required");
@@ -28,7 +29,11 @@ const batch = Number(v.batch), tokens = Number(v.tokens);
 if (!(Number.isInteger(batch) && batch >= 1 && Number.isInteger(tokens) && tokens >= 1)) {
   throw new Error(`batch_check: --batch and --tokens must be integers >= 1`);
 }
-const engine = await Engine.load(v.model, { maxSlots: batch, contextLength: 256 });
+const kvDtype = v["kv-dtype"];
+if (kvDtype !== "f32" && kvDtype !== "f16") {
+  throw new Error(`batch_check: --kv-dtype must be f32 or f16; got '${kvDtype}'`);
+}
+const engine = await Engine.load(v.model, { maxSlots: batch, contextLength: 256, kvDtype });
 const vocab = engine.decoder.cfg.vocabSize;
 // Ragged prompts of 1..120 tokens, so the batch's slots sit at different positions.
 const prompts = Array.from(
@@ -61,6 +66,7 @@ console.log(JSON.stringify({
   model: v.model,
   adapter: engine.gpu.adapterName,
   batch,
+  kv_dtype: kvDtype,
   tokens,
   identical_sequences: identical,
   steps_compared: steps,

@@ -3,7 +3,8 @@
  * of the same GPU in the same run (the roofline). See BENCHMARKS.md for what each number means.
  *
  *   deno task bench [--model DIR | --shape tinyllama-1.1b|tiny] [--batch 1,8,32]
- *     [--prompt-len 128] [--new-tokens 256] [--dtype f16|bf16] [--profile] [--queue-depth N]
+ *     [--prompt-len 128] [--new-tokens 256] [--dtype f16|bf16] [--kv-dtype f32|f16] [--profile]
+ *     [--queue-depth N]
  *     [--max-chunk N]
  *     [--out FILE]
  *
@@ -14,6 +15,7 @@ import { Engine } from "../engine/engine.ts";
 import { getGpu, type Gpu } from "../engine/gpu.ts";
 import { syntheticModel } from "../engine/synthetic.ts";
 import { BLOCK } from "../engine/kv.ts";
+import type { KvDtype } from "../engine/dtype.ts";
 import { status } from "../engine/progress.ts";
 import { sampling, type SamplingOptions } from "../engine/api.ts";
 import { defaultReadBytes, measureReadBandwidth } from "../kernels/read_bandwidth.ts";
@@ -45,6 +47,8 @@ export interface BenchOptions {
   newTokens?: number;
   /** Weight dtype of a synthetic shape (default f16). */
   dtype?: "f16" | "bf16";
+  /** Element type of the KV cache (default f32, the engine's). */
+  kvDtype?: KvDtype;
   /** Also time each kernel of one decode step (needs `timestamp-query`). */
   profile?: boolean;
   /** Bytes the bandwidth kernel reads (default 1 GiB; 64 MiB on CPU adapters). */
@@ -65,6 +69,7 @@ export interface BenchResult {
   /** Synthetic shape name, or null for a model folder. */
   shape: string | null;
   dtype: string;
+  kv_dtype: KvDtype;
   batch: number[];
   prompt_len: number;
   new_tokens: number;
@@ -124,6 +129,7 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
     kvBlocks: maxBatch * (Math.ceil(context / BLOCK) + 1) + 2,
     queueDepth: o.queueDepth,
     maxChunk: o.maxChunk,
+    kvDtype: o.kvDtype,
   };
   status(`bench: loading ${o.shape ? `shape ${o.shape} (${o.dtype})` : o.model}`);
   const engine = o.shape
@@ -192,12 +198,14 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
     }
   }
 
-  const bytes: BytesPerToken = bytesPerToken(cfg, engine.decoder.w, o.promptLen + o.newTokens / 2);
+  const meanContext = o.promptLen + o.newTokens / 2;
+  const bytes: BytesPerToken = bytesPerToken(cfg, engine.decoder.w, meanContext, o.kvDtype);
   return {
     model: engine.modelId,
     adapter: engine.adapterName,
     shape: o.shape ?? null,
     dtype: engine.decoder.w.dtype,
+    kv_dtype: o.kvDtype,
     batch: o.batch,
     prompt_len: o.promptLen,
     new_tokens: o.newTokens,
@@ -244,6 +252,9 @@ function checkOptions(o: BenchOptions): Checked {
   if (o.dtype !== undefined && o.dtype !== "f16" && o.dtype !== "bf16") {
     throw new Error(`--dtype must be f16 or bf16; got '${o.dtype}'`);
   }
+  if (o.kvDtype !== undefined && o.kvDtype !== "f32" && o.kvDtype !== "f16") {
+    throw new Error(`--kv-dtype must be f32 or f16; got '${o.kvDtype}'`);
+  }
   const batch = [...new Set([1, ...(o.batch ?? [1, 8, 32])])].sort((a, b) => a - b);
   for (const b of batch) {
     if (!Number.isInteger(b) || b < 1) throw new Error(`--batch sizes must be ≥ 1; got ${b}`);
@@ -255,6 +266,7 @@ function checkOptions(o: BenchOptions): Checked {
     promptLen: o.promptLen ?? 128,
     newTokens: o.newTokens ?? 256,
     dtype: o.dtype ?? "f16",
+    kvDtype: o.kvDtype ?? "f32",
     profile: o.profile ?? false,
     readBytes: o.readBytes,
     prefillRuns: o.prefillRuns ?? 3,
@@ -331,8 +343,8 @@ function intFlag(flag: string, v: string | undefined): number | undefined {
 }
 
 const USAGE = `usage: deno task bench [--model DIR | --shape tinyllama-1.1b|tiny] [--batch 1,8,32]
-  [--prompt-len 128] [--new-tokens 256] [--dtype f16|bf16] [--profile] [--read-mib N]
-  [--queue-depth N] [--max-chunk N] [--out FILE]`;
+  [--prompt-len 128] [--new-tokens 256] [--dtype f16|bf16] [--kv-dtype f32|f16] [--profile]
+  [--read-mib N] [--queue-depth N] [--max-chunk N] [--out FILE]`;
 
 /** The CLI: parses flags, runs the bench, prints the table, writes `--out`. */
 export async function main(args: string[]): Promise<void> {
@@ -345,6 +357,7 @@ export async function main(args: string[]): Promise<void> {
       "prompt-len": { type: "string" },
       "new-tokens": { type: "string" },
       dtype: { type: "string" },
+      "kv-dtype": { type: "string" },
       profile: { type: "boolean" },
       "read-mib": { type: "string" },
       "queue-depth": { type: "string" },
@@ -362,6 +375,7 @@ export async function main(args: string[]): Promise<void> {
     promptLen: intFlag("prompt-len", v["prompt-len"]),
     newTokens: intFlag("new-tokens", v["new-tokens"]),
     dtype: v.dtype as BenchOptions["dtype"],
+    kvDtype: v["kv-dtype"] as KvDtype | undefined,
     profile: v.profile,
     readBytes: readMib === undefined ? undefined : readMib * 2 ** 20,
     queueDepth: intFlag("queue-depth", v["queue-depth"]),

@@ -4,7 +4,7 @@
  */
 import type { ModelConfig } from "../engine/config.ts";
 import type { ModelWeights } from "../engine/weights.ts";
-import { BYTES } from "../engine/dtype.ts";
+import { BYTES, KV_BYTES, type KvDtype } from "../engine/dtype.ts";
 import type { BenchResult } from "./bench.ts";
 import { formatProfile } from "./bench_profile.ts";
 
@@ -91,12 +91,13 @@ export function bytesPerToken(
   cfg: ModelConfig,
   w: Pick<ModelWeights, "dtype">,
   meanContext: number,
+  kvDtype: KvDtype = "f32",
 ): BytesPerToken {
   const b = BYTES[w.dtype];
   const { hiddenSize: H, nHeads, nKvHeads, headDim: D, intermediateSize: F, nLayers: L } = cfg;
   const perLayer = (nHeads + 2 * nKvHeads) * D * H + H * nHeads * D + 2 * F * H + H * F;
   const weights = (L * perLayer + cfg.vocabSize * H + H) * b + (2 * L + 1) * H * 4;
-  const kv = L * 2 * nKvHeads * D * 4 * meanContext;
+  const kv = L * 2 * nKvHeads * D * KV_BYTES[kvDtype] * meanContext;
   return { weights, kv, total: weights + kv, meanContext };
 }
 
@@ -159,7 +160,7 @@ export function formatTable(r: BenchResult): string {
   const lines = [
     `strata bench: ${r.model} on ${r.adapter}, Deno ${r.deno}, ${r.date}`,
     `prompt ${r.prompt_len} tokens, ${r.new_tokens} new tokens per request, ` +
-    `batch ${r.batch.join(",")}, ${r.dtype} weights`,
+    `batch ${r.batch.join(",")}, ${r.dtype} weights, ${r.kv_dtype} KV cache`,
     "",
     `${"metric".padEnd(width)}value`,
     ...rows.map(([k, v]) => `${k.padEnd(width)}${v}`),

@@ -6,6 +6,8 @@
  */
 import assert from "node:assert/strict";
 import { Engine } from "../engine/engine.ts";
+import type { KvDtype } from "../engine/dtype.ts";
+import { SessionStore } from "../engine/session_store.ts";
 import { sampling, type SamplingOptions } from "../engine/api.ts";
 import { loadModelFolder } from "../engine/model_folder.ts";
 import { logSoftmax, ReferenceModel, topMargin } from "../engine/reference_forward.ts";
@@ -110,6 +112,94 @@ for (const [name, options] of VARIANTS) {
     }
   });
 }
+
+Deno.test("engine with an f16 KV cache matches the reference with K and V rounded to f16", async () => {
+  await testGpu();
+  const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });
+  try {
+    await makeTestModel(dir, { arch: "llama", dtype: "f16", hidden: 128, heads: 4, kvHeads: 2 });
+    const engine = await Engine.load(dir, {
+      maxSlots: 2,
+      contextLength: 128,
+      maxChunk: 32,
+      kvDtype: "f16",
+    });
+    const ref = await ReferenceModel.load(await loadModelFolder(dir));
+    const r = rng(12);
+    let worst = 0, worstUnrounded = 0;
+    for (const len of [5, 45]) {
+      const prompt = Array.from({ length: len }, () => r.int(300));
+      const got = await collect(engine, prompt, greedy(16));
+      const seq = [...prompt, ...got.tokens];
+      const rounded = ref.forward(seq, { kvRound: Math.f16round });
+      const exact = ref.forward(seq);
+      for (let i = 0; i < got.tokens.length; i++) {
+        const id = got.tokens[i];
+        const lp = logSoftmax(rounded[len - 1 + i]);
+        if (topMargin(rounded[len - 1 + i]) > 0.05) {
+          assert.equal(id, lp.indexOf(Math.max(...lp)), `prompt ${len}, step ${i}`);
+        }
+        worst = Math.max(worst, Math.abs(got.logprobs[i] - lp[id]));
+        worstUnrounded = Math.max(
+          worstUnrounded,
+          Math.abs(got.logprobs[i] - logSoftmax(exact[len - 1 + i])[id]),
+        );
+      }
+    }
+    console.log(`f16 KV: max |Δ logprob| ${worst} (against an unrounded cache: ${worstUnrounded})`);
+    // Measured on lavapipe: 1.9e-4 against the rounded reference, 1.9e-3 against the exact one
+    // (what an f32 cache would give). The rest is f16 rounding of f32 (GPU) against float64
+    // (reference) values at the rounding boundary.
+    assert.ok(worst <= 6e-4, `|Δ logprob| ${worst} against the f16-rounded reference`);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("sessions saved from an f32 KV cache come back into an f16 one, and the reverse", async () => {
+  await testGpu();
+  const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });
+  try {
+    const model = `${dir}/model`;
+    await makeTestModel(model, { arch: "llama", dtype: "f16", hidden: 64, heads: 2, kvHeads: 1 });
+    const prompt = Array.from({ length: 20 }, (_, i) => 30 + i);
+    const opts = { maxSlots: 1, contextLength: 128 };
+    for (const [from, to] of [["f32", "f16"], ["f16", "f32"]] as KvDtype[][]) {
+      const path = `${dir}/${from}.sqlite3`;
+      let store = await SessionStore.open(path);
+      const a = await Engine.load(model, { ...opts, store, kvDtype: from });
+      const first = a.generate({ promptIds: prompt, sampling: greedy(8), sessionId: "s" });
+      const said: number[] = [];
+      for await (const t of first) said.push(t.id);
+      await a.flushSnapshots();
+      store.close();
+      // The next turn, on an engine of the other dtype that restores the session.
+      store = await SessionStore.open(path);
+      const b = await Engine.load(model, { ...opts, store, kvDtype: to });
+      assert.equal(b.session("s")?.tokens, 27, `${from} -> ${to}: restored`);
+      const turn = [...prompt, ...said, 1, 2, 3];
+      const restored = b.generate({ promptIds: turn, sampling: greedy(6), sessionId: "s" });
+      const got: { id: number; logprob: number }[] = [];
+      for await (const t of restored) got.push(t);
+      assert.equal((await restored.result).cachedTokens, 27, `${from} -> ${to}: KV reused`);
+      await b.flushSnapshots();
+      store.close();
+      // The same turn prefilled from scratch on a fresh engine of that dtype.
+      const fresh = await collect(
+        await Engine.load(model, { ...opts, kvDtype: to }),
+        turn,
+        greedy(6),
+      );
+      assert.deepEqual(got.map((t) => t.id), fresh.tokens, `${from} -> ${to}: tokens`);
+      got.forEach((t, i) => {
+        const d = Math.abs(t.logprob - fresh.logprobs[i]);
+        assert.ok(d <= 1e-2, `${from} -> ${to}, token ${i}: |Δ logprob| ${d}`);
+      });
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
 
 Deno.test("engine: tokens do not depend on batch composition or steps per submission", async () => {
   await testGpu();

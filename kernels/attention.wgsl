@@ -46,11 +46,11 @@
 // Keys at or past the sequence end (stale or NaN in the cache) are never loaded: their K and V
 // are zeros and their scores are masked (they lie past every row's position) before the max, so
 // exp2 gives exact zeros. Every real and padding row sees key 0, so its running max is finite
-// from the first tile on and l >= 1 at the end. Q, K, V and out are read and written as f32
-// scalars (any head dim; a key row of the pools need not be 16-byte aligned), assembled into
-// vec4 in workgroup memory, zero-padded past HD. The wrapper picks small tiles, and more threads
-// per tile, on Mesa llvmpipe through GL, where compile time grows steeply with workgroup memory
-// and code size; it is the same code.
+// from the first tile on and l >= 1 at the end. Q, K, V and out are read and written as scalars
+// (f32, or f16 halves of an f16 cache: any head dim; a key row of the pools need not be 16-byte
+// aligned), assembled into vec4 in workgroup memory, zero-padded past HD. The wrapper picks small
+// tiles, and more threads per tile, on Mesa llvmpipe through GL, where compile time grows steeply
+// with workgroup memory and code size; it is the same code.
 
 override HD: u32 = 64u; // head_dim
 override BR: u32 = 32u; // rows per workgroup, a multiple of 4

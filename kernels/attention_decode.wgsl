@@ -57,9 +57,10 @@
 //
 // Keys at or past seq_len (possibly stale or NaN in the cache) are never loaded: their scores are
 // masked before the max and exp, and their V rows are zeros. Scores are in base 2 (q pre-scaled
-// by scale * log2(e)). No subgroups or f16, so it also runs on llvmpipe through GL. Eight
-// storage buffers per entry point at most (the WebGPU default): `main` writes its result to
-// `dst`, which is `out` in a single pass and the partials when split.
+// by scale * log2(e)). No subgroups or `enable f16` (an f16 cache is packed in u32 words), so it
+// also runs on llvmpipe through GL. Eight storage buffers per entry point at most (the WebGPU
+// default): `main` writes its result to `dst`, which is `out` in a single pass and the partials
+// when split.
 
 override WG: u32 = 256u; // threads of `main`: 64, 128 or 256
 override HD: u32 = 64u; // head_dim, a multiple of 4

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU machine: strata vs HF transformers on random TinyLlama- and Qwen2-shape models and on
-# the default model, batch 32 against batch 1 (scripts/batch_check.ts), then `deno task bench` on
-# the TinyLlama shape. Prepare here with
+# On the GPU machine: strata vs HF transformers on random TinyLlama- and Qwen2-shape models (the
+# TinyLlama one also with an f16 KV cache) and on the default model, batch 32 against batch 1
+# (scripts/batch_check.ts), then `deno task bench` on the TinyLlama shape. Prepare here with
 # `bash ../shared/gpu/prepare.sh && deno install && bash scripts/gpu_trim_modules.sh` and carry
 # [".gpu"] (the whole node_modules/ does not fit in the device tool's 64 MiB).
 # Usage: bash scripts/gpu_check.sh   (results under $OUT: *.json, log.txt)
@@ -30,6 +30,11 @@ for shape in tinyllama qwen2; do
   timeout 90 python3 scripts/hf_compare.py check --model "/tmp/$shape" --strata "$out/${shape}_strata.json" \
     2>&1 | tail -1 | tee "$out/${shape}_compare.json" | tee -a "$out/log.txt"
 done
+log "hf_compare tinyllama, f16 KV cache"
+timeout 90 bash .gpu/run.sh run -A --cached-only main.ts generate --model /tmp/tinyllama --kv-dtype f16 \
+  --prompt "$long $long $long" --max-tokens 24 --json > "$out/tinyllama_kv16_strata.json" 2>>"$out/log.txt"
+timeout 90 python3 scripts/hf_compare.py check --model /tmp/tinyllama \
+  --strata "$out/tinyllama_kv16_strata.json" 2>&1 | tail -1 | tee -a "$out/log.txt"
 log "batch check: batch 32 against alone, tinyllama shape"
 timeout 150 bash .gpu/run.sh run -A --cached-only scripts/batch_check.ts --model /tmp/tinyllama --batch 32 \
   --tokens 24 2>>"$out/log.txt" | tee "$out/batch_check.json" | tee -a "$out/log.txt"

@@ -425,7 +425,10 @@ const TILED_CPU: TiledTuning = { bm: 64, bn: 64, tm: 4, tn: 4, bk: 8, bufs: 1, s
  *   slower); at M = 33 / 48 / 64, o 29.1 / 28.9 / 29.3 and down 62.7 / 62.5 / 62.8 in 8 splits
  *   (16: 33.1 / 34.2 / 33.9 and 66.2 / 66.3 / 66.7) against `small`'s 33.6 / 34.7 / 32.6 and
  *   64.2 / 67.4 / 70.0; QKV and gate/up were slower in 32 × 128 (31.0 / 49.1 and 89.1 / 159
- *   against 27.6 / 43.0 and 76.2 / 136 at M = 32 / 64).
+ *   against 27.6 / 43.0 and 76.2 / 136 at M = 32 / 64). From 33 rows (two row tiles) QKV is
+ *   split by its column tiles alone (8 ways, as at 32 rows: 39.0 / 39.2 / 39.6 µs at M = 33 /
+ *   48 / 64 against 42.4 / 42.6 / 43.1 in the 4 the general rule gives) and gate/up 4 ways
+ *   (129 / 131 / 134 against 134 / 136 / 136 unsplit; 2: 137–141, 8: 134–143).
  * - A normed product without SwiGLU (QKV): the same 32 × 64 tiles of 4 × 4 up to 256 rows (M = 256: 135 against 160 with the general rule's choice); above, 64 × 128
  *   tiles of 8 × 8, K steps of 8, 4 splits (M = 384 / 512: 151 / 182 against 197 / 266 in
  *   32 × 64 tiles and 169 / 270 unsplit).
@@ -490,7 +493,10 @@ function tiledShape(gpu: Gpu, opts: TiledTuningOptions): TiledTuning {
     return { bm: 32, bn: 128, tm: 4, tn: 8, bk: 16, bufs: 2, splits: pow2round(256 / tiles) };
   }
   if (m <= DECODE_TILE_M || (opts.norm && !opts.swiglu && m <= SPLIT_MAX_M)) {
-    return { bm: 32, bn: 64, tm: 4, tn: 4, bk: 16, bufs: 2, splits: 0 };
+    // Two row tiles (33-64 rows): split as for one, by the column tiles (gate/up: 4 ways).
+    const two = m > 32 && m <= DECODE_TILE_M;
+    const splits = two ? (opts.swiglu ? 4 : pow2round(SPLIT_GROUPS / Math.ceil(cols / 64))) : 0;
+    return { bm: 32, bn: 64, tm: 4, tn: 4, bk: 16, bufs: 2, splits };
   }
   if (opts.norm && !opts.swiglu) return { ...wide, splits: 4 };
   if (opts.swiglu && m <= SPLIT_MAX_M) return { ...wide, splits: 0 };

@@ -239,10 +239,11 @@ Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefil
   assert.equal(matmulPath(33, weight(2048, 2048)), "tiled");
   const splits = (m: number, cols: number, k: number, norm = false, swiglu = false) =>
     tiledTuning(h200, { m, cols, k, norm, swiglu }).splits;
-  // 40 tiles of 32 x 64 for QKV at M = 32: 8 splits of 16 steps; gate/up's 176 tiles: 2.
+  // 40 tiles of 32 x 64 for QKV at M = 32: 8 splits of 16 steps; gate/up's 176 tiles: 2; QKV's
+  // 160 tiles at M = 128: 2.
   assert.equal(splits(32, 2560, 2048, true), 8);
   assert.equal(splits(32, 11264, 2048, true, true), 2);
-  assert.equal(splits(64, 2560, 2048, true), 4);
+  assert.equal(splits(128, 2560, 2048, true), 2);
   assert.equal(splits(128, 2048, 5632), 4);
   // Enough tiles, too short a K, or past SPLIT_MAX_M rows: no split.
   assert.equal(splits(64, 32000, 2048, true), 1);
@@ -261,6 +262,9 @@ Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefil
   assert.equal(tile(32, 32000, true, false), "32x128/4x8 bk 16 split 1");
   assert.equal(tile(64, 2048, false, false), "32x128/4x8 bk 16 split 8");
   assert.equal(tile(32, 2560, true, false), "32x64/4x4 bk 16 split 8");
+  // Two row tiles (33-64 rows): QKV still 8 splits (by its column tiles), gate/up 4.
+  assert.equal(tile(48, 2560, true, false), "32x64/4x4 bk 16 split 8");
+  assert.equal(tile(64, 11264, true, true), "32x64/4x4 bk 16 split 4");
   // small's K lanes: twice the threads for a deep W at one row (down: 256 lanes, not 128), half
   // from 8 rows for products up to 8x wider than deep (gate/up: 16, not 32), none for the LM head.
   assert.equal(smallTuning(weight(2048, 5632), { m: 1, cols: 2048 }).tk, 256);

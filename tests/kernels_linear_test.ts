@@ -502,6 +502,30 @@ Deno.test("matmul tiled: forced launch shapes, partial tiles, odd K, fusions", a
   for (const c of TILED_CASES) await checkTiled(c, seed++);
 });
 
+Deno.test("matmul tiled: fewer K splits when their partial sums would pass one binding", async () => {
+  const real = await testGpu();
+  if (!real.hasF16 && isCpuAdapter(real)) return console.log("skipped on GL: compile time");
+  // 64 rows x 38 columns (37 and the row's sum of squares) x 4 bytes = 9 728 bytes per split:
+  // a binding limit of 19 556 bytes holds two of the four asked for.
+  const gpu = { ...real, maxBinding: 2 * 64 * 38 * 4 + 100 };
+  const c: TiledCase = { m: 64, n: 37, k: 64, dtype: "f16", tiled: tile(32, 64, 4, 4, 16, 2, 4) };
+  const r = rng(990);
+  const x = f32Input(gpu, r.uniform(c.m * c.k, 2));
+  const { w, ref } = tiledWeights(gpu, c, 991);
+  const y0 = outputRows(gpu, r, c.m, c.n, false);
+  const ds = matmulDispatches(gpu, { x: x.buffer, w, y: y0.buffer }, {
+    m: c.m,
+    yStride: y0.at.stride,
+    yOffset: y0.at.offset,
+    path: "tiled",
+    tiled: c.tiled,
+  });
+  assert.ok(ds[0].label.endsWith("32x64/4x4 split 2"), ds[0].label);
+  await run(gpu, ds);
+  const want = matmulRef(x.values, ref, { m: c.m, n: c.n, k: c.k });
+  assertClose(ds[0].label, await readOutputRows(gpu, y0), want);
+});
+
 Deno.test("matmul: refuses shapes it cannot serve, with the sizes in the message", async () => {
   const gpu = await testGpu();
   const w = uploadWeight(gpu, new Float64Array(33 * 37), { rows: 33, cols: 37, dtype: "f16" });

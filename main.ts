@@ -18,14 +18,17 @@ export const DEFAULT_MODEL = new URL("./models/strata-default", import.meta.url)
 const USAGE = `usage:
   main.ts serve    [--model DIR] [--host H] [--port N] [--api-key KEY] [--kv PATH]
                    [--max-slots N] [--max-queued N] [--context-length N] [--cors ORIGINS]
-                   [--max-body-bytes N] [--kv-dtype f32|f16]
+                   [--max-body-bytes N] [--kv-dtype f32|f16] [--kv-blocks N]
   main.ts generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
                    [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
                    [--stop STR] [--chat] [--json] [--kv-dtype f32|f16]
 --kv PATH keeps sessions (tokens and KV blocks) in Deno KV at PATH across restarts.
 --kv-dtype f16 holds the KV cache in half the memory (K and V rounded to f16); default f32.
+--kv-blocks N sizes the GPU KV pool in 16-token blocks (default 4096 f32 blocks' worth of memory,
+at most what one binding holds).
 Environment: STRATA_MODEL, HOST, PORT, STRATA_API_KEY, STRATA_KV, STRATA_CORS, STRATA_MAX_SLOTS,
-STRATA_MAX_QUEUED, STRATA_CONTEXT_LENGTH, STRATA_MAX_BODY_BYTES, STRATA_KV_DTYPE`;
+STRATA_MAX_QUEUED, STRATA_CONTEXT_LENGTH, STRATA_MAX_BODY_BYTES, STRATA_KV_DTYPE,
+STRATA_KV_BLOCKS`;
 
 function int(name: string, v: string | undefined, fallback: number): number {
   if (v === undefined) return fallback;
@@ -132,6 +135,7 @@ async function serve(args: string[]): Promise<void> {
       "max-body-bytes": { type: "string" },
       kv: { type: "string" },
       "kv-dtype": { type: "string" },
+      "kv-blocks": { type: "string" },
     },
   });
   const env = (k: string) => Deno.env.get(k) || undefined;
@@ -146,6 +150,9 @@ async function serve(args: string[]): Promise<void> {
       ? int("context-length", v["context-length"] ?? env("STRATA_CONTEXT_LENGTH"), 0)
       : undefined,
     kvDtype: kvDtype(v["kv-dtype"] ?? env("STRATA_KV_DTYPE")),
+    kvBlocks: v["kv-blocks"] ?? env("STRATA_KV_BLOCKS")
+      ? int("kv-blocks", v["kv-blocks"] ?? env("STRATA_KV_BLOCKS"), 0)
+      : undefined,
   });
   const { createApp } = await import("./routes/app.ts");
   const cors = v.cors ?? env("STRATA_CORS");
@@ -167,7 +174,8 @@ async function serve(args: string[]): Promise<void> {
     port,
     onListen: ({ hostname, port }) =>
       console.error(
-        `strata: serving ${engine.modelId} on ${engine.adapterName} at http://${hostname}:${port}/`,
+        `strata: serving ${engine.modelId} on ${engine.adapterName} at http://${hostname}:${port}/` +
+          ` (KV cache: ${engine.kvStats().gpu.total} blocks of 16 tokens, ${engine.kvDtype})`,
       ),
   }, app.fetch);
   // On SIGINT/SIGTERM: new requests get 503 while running ones finish, then exit.

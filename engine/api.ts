@@ -79,6 +79,8 @@ export interface SessionInfo {
 /** KV blocks per tier, for /metrics and /health. */
 export interface KvStats {
   blockTokens: number;
+  /** Element type of the GPU cache: "f32" or "f16". */
+  dtype: string;
   gpu: { used: number; total: number };
   kv: { used: number };
   fs: { used: number };

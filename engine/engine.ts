@@ -90,6 +90,8 @@ export class Engine implements EngineLike {
   readonly modelId: string;
   readonly adapterName: string;
   readonly contextLength: number;
+  /** Element type of the KV cache. */
+  readonly kvDtype: KvDtype;
   readonly pool: BlockPool;
   #slots: (Sequence | undefined)[];
   #waiting: Sequence[] = [];
@@ -113,6 +115,7 @@ export class Engine implements EngineLike {
     this.modelId = modelId;
     this.adapterName = gpu.adapterName;
     this.contextLength = opts.contextLength;
+    this.kvDtype = opts.kvDtype;
     this.pool = new BlockPool(decoder.opts.numBlocks);
     this.#slots = new Array(opts.maxSlots).fill(undefined);
     this.#sessions = new Sessions(decoder, this.pool, modelId, store);
@@ -158,6 +161,12 @@ export class Engine implements EngineLike {
     const perPool = Math.floor(gpu.maxBinding / blockBytes(cfg, opts.kvDtype));
     // The default is a memory budget, 4096 f32 blocks' worth: an f16 cache holds twice the tokens.
     const budget = Math.floor((4096 * KV_BYTES.f32) / KV_BYTES[opts.kvDtype]);
+    if (
+      options.kvBlocks !== undefined &&
+      !(Number.isInteger(options.kvBlocks) && options.kvBlocks >= 2)
+    ) {
+      throw new Error(`--kv-blocks must be an integer >= 2; got ${options.kvBlocks}`);
+    }
     const numBlocks = Math.min(options.kvBlocks ?? budget, perPool);
     const need = Math.ceil(opts.contextLength / BLOCK) + 1;
     if (numBlocks < need) {
@@ -203,6 +212,7 @@ export class Engine implements EngineLike {
   kvStats(): KvStats {
     return {
       blockTokens: BLOCK,
+      dtype: this.kvDtype,
       gpu: { used: this.pool.usedCount, total: this.pool.blocks.length - 1 },
       // Warm tier: blocks held by session snapshots in Deno KV (chunks shared by sessions
       // count once per session).

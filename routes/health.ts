@@ -22,6 +22,7 @@ export function healthRoutes(ctx: ServerContext): Hono {
       },
       kv: {
         block_tokens: kv.blockTokens,
+        dtype: kv.dtype,
         gpu: { used: kv.gpu.used, total: kv.gpu.total },
         kv: { used: kv.kv.used },
         fs: { used: kv.fs.used },

@@ -205,6 +205,7 @@ Deno.test("health: status, model, adapter, load and KV", async () => {
   assert.equal(h.load.max_queued, 16);
   assert.equal(typeof h.kv.gpu.total, "number");
   assert.equal(h.kv.block_tokens, 16);
+  assert.equal(h.kv.dtype, "f32");
 });
 
 Deno.test("metrics: Prometheus text with request, token, latency, load and KV metrics", async () => {

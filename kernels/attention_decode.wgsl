@@ -143,10 +143,8 @@ fn qkv_head(s: u32, hh: u32) -> u32 {
 
 // Element e of the k head at `ks` in `qkv`, rotated at `position`.
 fn k_elem(ks: u32, e: u32, position: u32) -> f32 {
-  if (e < HALF) {
-    return rope_pair(qkv[ks + e], qkv[ks + e + HALF], position, inv_freq[e]).x;
-  }
-  return rope_pair(qkv[ks + e - HALF], qkv[ks + e], position, inv_freq[e - HALF]).y;
+  let partner = qkv[ks + rope_partner(e, HALF)];
+  return rope_elem(e, HALF, qkv[ks + e], partner, position, inv_freq[e % HALF]);
 }
 
 // Vec4 offset of key `j` of chunk `ch` of kv head `kvh`; the chunk's blocks are staged in

@@ -39,3 +39,18 @@ fn rope_pair(x0: f32, x1: f32, position: u32, freq: f32) -> vec2<f32> {
   let sc = sin_cos(f32(position) * freq);
   return vec2<f32>(x0 * sc.y - x1 * sc.x, x1 * sc.y + x0 * sc.x);
 }
+
+// Index of the other element of e's pair in a head of 2 * half: e + half or e - half.
+fn rope_partner(e: u32, half: u32) -> u32 {
+  return select(e - half, e + half, e < half);
+}
+
+// Element e of the rotated head, from xe = x[e] and partner = x[rope_partner(e, half)], where
+// `freq` = inv_freq[e % half]: one side of `rope_pair` (so a writer that stores elements one by
+// one, or in runs that split pairs, gets exactly the values of one that stores whole pairs).
+fn rope_elem(e: u32, half: u32, xe: f32, partner: f32, position: u32, freq: f32) -> f32 {
+  if (e < half) {
+    return rope_pair(xe, partner, position, freq).x;
+  }
+  return rope_pair(partner, xe, position, freq).y;
+}

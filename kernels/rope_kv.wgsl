@@ -39,10 +39,8 @@ fn element(src: u32, e: u32, position: u32, rotate: bool) -> f32 {
     return qkv[src + e];
   }
   let half = p.head_dim / 2u;
-  if (e < half) {
-    return rope_pair(qkv[src + e], qkv[src + e + half], position, inv_freq[e]).x;
-  }
-  return rope_pair(qkv[src + e - half], qkv[src + e], position, inv_freq[e - half]).y;
+  let partner = qkv[src + rope_partner(e, half)];
+  return rope_elem(e, half, qkv[src + e], partner, position, inv_freq[e % half]);
 }
 
 @compute @workgroup_size(WG)

@@ -10,7 +10,7 @@ import { Engine } from "./engine/engine.ts";
 import { sampling } from "./engine/api.ts";
 import { status } from "./engine/progress.ts";
 import { SessionStore } from "./engine/session_store.ts";
-import type { KvDtype } from "./engine/dtype.ts";
+import { parseKvDtype } from "./engine/dtype.ts";
 
 /** The model served when none is given: the small model shipped in models/. */
 export const DEFAULT_MODEL = new URL("./models/strata-default", import.meta.url).pathname;
@@ -35,11 +35,6 @@ function int(name: string, v: string | undefined, fallback: number): number {
   const n = Number(v);
   if (!Number.isInteger(n)) throw new Error(`--${name} must be an integer; got '${v}'`);
   return n;
-}
-
-function kvDtype(v: string | undefined): KvDtype {
-  if (v === undefined || v === "f32" || v === "f16") return v ?? "f32";
-  throw new Error(`--kv-dtype must be f32 or f16; got '${v}'`);
 }
 
 function num(name: string, v: string | undefined, fallback: number): number {
@@ -73,7 +68,7 @@ async function generate(args: string[]): Promise<void> {
   }
   const engine = await Engine.load(v.model ?? Deno.env.get("STRATA_MODEL") ?? DEFAULT_MODEL, {
     maxSlots: 1,
-    kvDtype: kvDtype(v["kv-dtype"] ?? (Deno.env.get("STRATA_KV_DTYPE") || undefined)),
+    kvDtype: parseKvDtype(v["kv-dtype"] ?? (Deno.env.get("STRATA_KV_DTYPE") || undefined)),
   });
   status(`model ${engine.modelId} on ${engine.adapterName}`);
   const promptIds = v["prompt-ids"] !== undefined
@@ -149,7 +144,7 @@ async function serve(args: string[]): Promise<void> {
     contextLength: v["context-length"] ?? env("STRATA_CONTEXT_LENGTH")
       ? int("context-length", v["context-length"] ?? env("STRATA_CONTEXT_LENGTH"), 0)
       : undefined,
-    kvDtype: kvDtype(v["kv-dtype"] ?? env("STRATA_KV_DTYPE")),
+    kvDtype: parseKvDtype(v["kv-dtype"] ?? env("STRATA_KV_DTYPE")),
     kvBlocks: v["kv-blocks"] ?? env("STRATA_KV_BLOCKS")
       ? int("kv-blocks", v["kv-blocks"] ?? env("STRATA_KV_BLOCKS"), 0)
       : undefined,

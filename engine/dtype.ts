@@ -21,6 +21,16 @@ export type KvDtype = "f32" | "f16";
 /** Bytes per element of the KV cache. */
 export const KV_BYTES: Record<KvDtype, number> = { f32: 4, f16: 2 };
 
+/**
+ * The `--kv-dtype` flag's value (f32 when absent).
+ *
+ * @throws Error naming the flag when `v` is neither f32 nor f16.
+ */
+export function parseKvDtype(v: string | undefined): KvDtype {
+  if (v === undefined || v === "f32" || v === "f16") return v ?? "f32";
+  throw new Error(`--kv-dtype must be f32 or f16; got '${v}'`);
+}
+
 /** Rounds to the nearest bf16 (round-half-to-even) and returns its 16-bit pattern. */
 export function bf16Bits(x: number): number {
   const f = new Float32Array([x]);

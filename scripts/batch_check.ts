@@ -15,6 +15,7 @@ import { parseArgs } from "node:util";
 import { Engine } from "../engine/engine.ts";
 import { sampling } from "../engine/api.ts";
 import { promptMaker } from "./bench.ts";
+import { parseKvDtype } from "../engine/dtype.ts";
 
 const { values: v } = parseArgs({
   options: {
@@ -29,10 +30,7 @@ const batch = Number(v.batch), tokens = Number(v.tokens);
 if (!(Number.isInteger(batch) && batch >= 1 && Number.isInteger(tokens) && tokens >= 1)) {
   throw new Error(`batch_check: --batch and --tokens must be integers >= 1`);
 }
-const kvDtype = v["kv-dtype"];
-if (kvDtype !== "f32" && kvDtype !== "f16") {
-  throw new Error(`batch_check: --kv-dtype must be f32 or f16; got '${kvDtype}'`);
-}
+const kvDtype = parseKvDtype(v["kv-dtype"]);
 const engine = await Engine.load(v.model, { maxSlots: batch, contextLength: 256, kvDtype });
 const vocab = engine.decoder.cfg.vocabSize;
 // Ragged prompts of 1..120 tokens, so the batch's slots sit at different positions.

@@ -15,7 +15,7 @@ import { Engine } from "../engine/engine.ts";
 import { getGpu, type Gpu } from "../engine/gpu.ts";
 import { syntheticModel } from "../engine/synthetic.ts";
 import { BLOCK } from "../engine/kv.ts";
-import type { KvDtype } from "../engine/dtype.ts";
+import { type KvDtype, parseKvDtype } from "../engine/dtype.ts";
 import { status } from "../engine/progress.ts";
 import { sampling, type SamplingOptions } from "../engine/api.ts";
 import { defaultReadBytes, measureReadBandwidth } from "../kernels/read_bandwidth.ts";
@@ -252,9 +252,6 @@ function checkOptions(o: BenchOptions): Checked {
   if (o.dtype !== undefined && o.dtype !== "f16" && o.dtype !== "bf16") {
     throw new Error(`--dtype must be f16 or bf16; got '${o.dtype}'`);
   }
-  if (o.kvDtype !== undefined && o.kvDtype !== "f32" && o.kvDtype !== "f16") {
-    throw new Error(`--kv-dtype must be f32 or f16; got '${o.kvDtype}'`);
-  }
   const batch = [...new Set([1, ...(o.batch ?? [1, 8, 32])])].sort((a, b) => a - b);
   for (const b of batch) {
     if (!Number.isInteger(b) || b < 1) throw new Error(`--batch sizes must be ≥ 1; got ${b}`);
@@ -266,7 +263,7 @@ function checkOptions(o: BenchOptions): Checked {
     promptLen: o.promptLen ?? 128,
     newTokens: o.newTokens ?? 256,
     dtype: o.dtype ?? "f16",
-    kvDtype: o.kvDtype ?? "f32",
+    kvDtype: parseKvDtype(o.kvDtype),
     profile: o.profile ?? false,
     readBytes: o.readBytes,
     prefillRuns: o.prefillRuns ?? 3,

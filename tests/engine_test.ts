@@ -62,8 +62,13 @@ function greedy(maxTokens: number, extra: Partial<SamplingOptions> = {}): Sampli
   return sampling({ maxTokens, stopAtEos: false, ...extra });
 }
 
-async function collect(engine: Engine, promptIds: number[], sampling: SamplingOptions) {
-  const gen = engine.generate({ promptIds, sampling });
+async function collect(
+  engine: Engine,
+  promptIds: number[],
+  sampling: SamplingOptions,
+  sessionId?: string,
+) {
+  const gen = engine.generate({ promptIds, sampling, sessionId });
   const tokens: number[] = [], logprobs: number[] = [];
   for await (const t of gen) {
     tokens.push(t.id);
@@ -168,9 +173,7 @@ Deno.test("sessions saved from an f32 KV cache come back into an f16 one, and th
       const path = `${dir}/${from}.sqlite3`;
       let store = await SessionStore.open(path);
       const a = await Engine.load(model, { ...opts, store, kvDtype: from });
-      const first = a.generate({ promptIds: prompt, sampling: greedy(8), sessionId: "s" });
-      const said: number[] = [];
-      for await (const t of first) said.push(t.id);
+      const said = (await collect(a, prompt, greedy(8), "s")).tokens;
       await a.flushSnapshots();
       store.close();
       // The next turn, on an engine of the other dtype that restores the session.
@@ -178,10 +181,8 @@ Deno.test("sessions saved from an f32 KV cache come back into an f16 one, and th
       const b = await Engine.load(model, { ...opts, store, kvDtype: to });
       assert.equal(b.session("s")?.tokens, 27, `${from} -> ${to}: restored`);
       const turn = [...prompt, ...said, 1, 2, 3];
-      const restored = b.generate({ promptIds: turn, sampling: greedy(6), sessionId: "s" });
-      const got: { id: number; logprob: number }[] = [];
-      for await (const t of restored) got.push(t);
-      assert.equal((await restored.result).cachedTokens, 27, `${from} -> ${to}: KV reused`);
+      const got = await collect(b, turn, greedy(6), "s");
+      assert.equal(got.result.cachedTokens, 27, `${from} -> ${to}: KV reused`);
       await b.flushSnapshots();
       store.close();
       // The same turn prefilled from scratch on a fresh engine of that dtype.
@@ -190,9 +191,9 @@ Deno.test("sessions saved from an f32 KV cache come back into an f16 one, and th
         turn,
         greedy(6),
       );
-      assert.deepEqual(got.map((t) => t.id), fresh.tokens, `${from} -> ${to}: tokens`);
-      got.forEach((t, i) => {
-        const d = Math.abs(t.logprob - fresh.logprobs[i]);
+      assert.deepEqual(got.tokens, fresh.tokens, `${from} -> ${to}: tokens`);
+      got.logprobs.forEach((lp, i) => {
+        const d = Math.abs(lp - fresh.logprobs[i]);
         assert.ok(d <= 1e-2, `${from} -> ${to}, token ${i}: |Δ logprob| ${d}`);
       });
     }

@@ -549,18 +549,19 @@ Deno.test("attention decode: one pass when the batch fills the GPU or the contex
     seqLen: b,
     out: b,
   };
+  const shapeOf = (seqs: number, maxContext: number, extra = {}) => ({
+    seqs,
+    nHeads: 32,
+    nKvHeads: 4,
+    headDim: 64,
+    layer: 0,
+    nLayers: 22,
+    maxBlocks: 1,
+    maxContext,
+    ...extra,
+  });
   const plan = (seqs: number, maxContext: number, extra = {}) => {
-    const shape = {
-      seqs,
-      nHeads: 32,
-      nKvHeads: 4,
-      headDim: 64,
-      layer: 0,
-      nLayers: 22,
-      maxBlocks: 1,
-      maxContext,
-      ...extra,
-    };
+    const shape = shapeOf(seqs, maxContext, extra);
     const ds = attentionDecodeDispatches(gpu, buffers, shape);
     const bytes = attentionDecodeScratchBytes(shape);
     assert.equal(bytes === 0, ds.length === 1, `${ds[0].label}: ${bytes} bytes of scratch`);
@@ -584,17 +585,7 @@ Deno.test("attention decode: one pass when the batch fills the GPU or the contex
   // (batch 1 at 2048: 32 splits x 4 kv heads; batch 4 at 640: 10 x 16), as many rows as fit
   // from 256 on (batch 32: 2 splits x 128; batch 8 at 640: 8 x 32).
   const rowGroups = (seqs: number, maxContext: number, extra = {}) =>
-    attentionDecodeDispatches(gpu, buffers, {
-      seqs,
-      nHeads: 32,
-      nKvHeads: 4,
-      headDim: 64,
-      layer: 0,
-      nLayers: 22,
-      maxBlocks: 1,
-      maxContext,
-      ...extra,
-    })[0].workgroups[1] / 4;
+    attentionDecodeDispatches(gpu, buffers, shapeOf(seqs, maxContext, extra))[0].workgroups[1] / 4;
   assert.ok(rowGroups(1, 2048) >= 2 && rowGroups(4, 640) >= 2);
   assert.equal(rowGroups(1, 2048), rowGroups(1, 2048, { minRowGroups: 2 }));
   assert.equal(rowGroups(32, 2048), rowGroups(32, 2048, { minRowGroups: 1 }));

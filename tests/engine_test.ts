@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { Engine } from "../engine/engine.ts";
-import type { KvDtype } from "../engine/dtype.ts";
+import { type KvDtype, parseKvDtype } from "../engine/dtype.ts";
 import { SessionStore } from "../engine/session_store.ts";
 import { sampling, type SamplingOptions } from "../engine/api.ts";
 import { loadModelFolder } from "../engine/model_folder.ts";
@@ -197,6 +197,28 @@ Deno.test("sessions saved from an f32 KV cache come back into an f16 one, and th
         assert.ok(d <= 1e-2, `${from} -> ${to}, token ${i}: |Δ logprob| ${d}`);
       });
     }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("engine: the KV pool's size, by default a memory budget, and bad sizes refused", async () => {
+  await testGpu();
+  const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });
+  try {
+    await makeTestModel(dir, { arch: "llama", dtype: "f16", hidden: 64, heads: 2, kvHeads: 1 });
+    const total = async (o: { kvDtype?: KvDtype; kvBlocks?: number }) =>
+      (await Engine.load(dir, { maxSlots: 1, contextLength: 64, ...o })).kvStats().gpu.total;
+    // 4096 blocks of f32 or 8192 of f16 (the same bytes), less the trash block.
+    assert.equal(await total({}), 4095);
+    assert.equal(await total({ kvDtype: "f16" }), 8191);
+    assert.equal(await total({ kvDtype: "f16", kvBlocks: 50 }), 49);
+    await assert.rejects(
+      () => total({ kvBlocks: 1 }),
+      /--kv-blocks must be an integer >= 2; got 1/,
+    );
+    assert.equal(parseKvDtype(undefined), "f32");
+    assert.throws(() => parseKvDtype("bf16"), /--kv-dtype must be f32 or f16; got 'bf16'/);
   } finally {
     await Deno.remove(dir, { recursive: true });
   }

@@ -1,0 +1,52 @@
+/**
+ * `deno task test` (first half): the whole suite on the default adapter, through
+ * {@linkcode denoTest}; the task then runs `deno task test:gl` (scripts/test_gl.ts).
+ *
+ * wgpu in Deno 2.9.6 sometimes aborts while a test process exits, after every test has run and
+ * the summary is printed ("double free or corruption", SIGABRT): on GL about one run in four, on
+ * lavapipe about one in five to ten of the whole suite; never mid-test. Such an exit counts as a
+ * pass only when the summary says "0 failed"; it is reported on stderr. Any other failure fails.
+ *
+ *   deno run -A scripts/run_tests.ts
+ */
+
+/** The summary line `deno test` prints last. */
+const SUMMARY = /ok \| (\d+) passed(?: \(\d+ steps?\))? \| 0 failed/;
+
+/**
+ * Runs `deno test <args>` with `env` added, its output teed to this process; resolves to an exit
+ * code (0 = pass), counting wgpu's abort at exit after a passing summary as a pass.
+ */
+export async function denoTest(
+  args: string[],
+  env: Record<string, string>,
+  label: string,
+): Promise<number> {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["test", ...args],
+    env: { ...env, NO_COLOR: "1" }, // plain text: the summary is matched
+    stdout: "piped",
+    stderr: "inherit",
+  }).spawn();
+  // Tee stdout: the caller sees it live; the tail is kept to find the summary.
+  let tail = "";
+  const decoder = new TextDecoder();
+  for await (const chunk of child.stdout) {
+    await Deno.stdout.write(chunk);
+    tail = (tail + decoder.decode(chunk, { stream: true })).slice(-4096);
+  }
+  const status = await child.status;
+  if (status.success) return 0;
+  if ((status.signal === "SIGABRT" || status.code === 134) && SUMMARY.test(tail)) {
+    console.error(
+      `${label}: every test passed, then wgpu aborted at exit ` +
+        `(known teardown crash; counted as a pass)`,
+    );
+    return 0;
+  }
+  return status.code || 1;
+}
+
+if (import.meta.main) {
+  Deno.exit(await denoTest(["-A", "--parallel", "tests/"], {}, "test"));
+}

@@ -10,6 +10,7 @@ import { createStorage } from "./gpu.ts";
 import type { ModelConfig } from "./config.ts";
 import type { ModelWeights } from "./weights.ts";
 import { BLOCK } from "./kv.ts";
+import { ReadbackPool } from "./readback.ts";
 import { KV_BYTES, type KvDtype } from "./dtype.ts";
 import { type Dispatch } from "../kernels/dispatch.ts";
 import { embeddingDispatch } from "../kernels/embedding.ts";
@@ -58,6 +59,8 @@ export class Decoder {
   readonly params: GPUBuffer; // sampling params [maxSlots]
   readonly topRing: GPUBuffer; // (id, logprob) [regions, maxSteps, maxSlots, topK]
   readonly eosCount: number;
+  /** Mappable buffers the token ring and the top ring of one submission are copied into. */
+  readonly readback: { ring: ReadbackPool; top: ReadbackPool };
   // Scratch, all f32 unless noted; T = maxChunk rows.
   readonly #x: GPUBuffer; // [T, H] residual stream
   readonly #qkv: GPUBuffer; // [T, (Hq + 2 Hkv) D]
@@ -108,6 +111,10 @@ export class Decoder {
     };
     this.params = buf(S * 64, "sample_params");
     this.topRing = buf(opts.regions * opts.maxSteps * this.topStride(), "top_ring");
+    this.readback = {
+      ring: new ReadbackPool(gpu.device, opts.maxSteps * S * 8, 8),
+      top: new ReadbackPool(gpu.device, opts.maxSteps * this.topStride(), 2),
+    };
     const qkvCols = (nHeads + 2 * nKvHeads) * D;
     this.#x = buf(T * H * 4, "x");
     this.#qkv = buf(T * qkvCols * 4, "qkv");

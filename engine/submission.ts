@@ -38,11 +38,12 @@ export type TakeToken = (
  * Encoding and submitting are separate steps, and the readback is only requested on demand,
  * because of how Deno 2.9.6 maps buffers: `mapAsync` polls the device with `Maintain::wait`
  * inside the call, which blocks the calling thread until every submitted command buffer has
- * finished, and its promise resolves ≥ 10 ms later (a sleep between polls). Measured on the
- * H200 (scripts/probe_map.ts): `mapAsync()` returned after 31 ms behind a 31 ms job, its promise
- * 11 ms after that. So requesting a readback right after submitting (as this class once did)
- * left the GPU idle while the host encoded the next submission; the engine now encodes the
- * next one first, requests the readbacks, and submits it the moment the wait returns.
+ * finished. Measured on the H200 (scripts/probe_map.ts): `mapAsync()` returned after 31 ms
+ * behind a 31 ms job. So requesting a readback right after submitting (as this class once did)
+ * left the GPU idle while the host encoded the next submission; the engine now encodes the next
+ * one first, requests the readbacks, and submits it the moment the wait returns. The data is
+ * taken as soon as the wait returns, not ≥ 10 ms later when the promise would resolve (see
+ * engine/readback.ts).
  */
 export class Submission {
   /** Host time spent encoding and (once submitted) submitting this command buffer (ms). */
@@ -53,6 +54,8 @@ export class Submission {
   #state: "encoded" | "submitted" | "discarded" = "encoded";
   #errors: Promise<GPUError | null>[] = [];
   #done?: Promise<void>;
+  #ring?: ArrayBuffer;
+  #topData?: ArrayBuffer;
 
   constructor(
     readonly decoder: Decoder,
@@ -69,15 +72,14 @@ export class Submission {
     const pass = enc.beginComputePass();
     encode(pass, dispatches);
     pass.end();
-    const usage = GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST;
-    const bytes = Math.max(8, o.steps * S * 8);
-    this.#staging = dev.createBuffer({ size: bytes, usage });
+    this.#staging = d.readback.ring.take();
     if (o.steps) {
+      const bytes = o.steps * S * 8;
       enc.copyBufferToBuffer(d.step.ring, d.ringOffset(o.region, 0) * 8, this.#staging, 0, bytes);
     }
     if (o.top && o.steps) {
       const stride = d.topStride();
-      this.#top = dev.createBuffer({ size: o.steps * stride, usage });
+      this.#top = d.readback.top.take();
       const from = o.region * d.opts.maxSteps * stride;
       enc.copyBufferToBuffer(d.topRing, from, this.#top, 0, o.steps * stride);
     }
@@ -116,14 +118,15 @@ export class Submission {
     }
     this.#cb = undefined;
     this.#state = "discarded";
-    this.#staging.destroy();
-    this.#top?.destroy();
+    this.decoder.readback.ring.give(this.#staging);
+    if (this.#top) this.decoder.readback.top.give(this.#top);
   }
 
   /**
-   * Resolves when the readback buffers are mapped; rejects with the GPU's message when it
-   * rejected the submission. The first access requests the mapping, which blocks the calling
-   * thread until the GPU has finished all submitted work (see the class doc).
+   * Resolves when what the submission recorded has been copied to the host; rejects with the
+   * GPU's message when it rejected the submission. The first access requests the readback,
+   * which blocks the calling thread until the GPU has finished all submitted work (see the
+   * class doc).
    *
    * @throws Error ("internal error") when read before {@linkcode submit}.
    */
@@ -131,27 +134,31 @@ export class Submission {
     if (this.#state !== "submitted") {
       throw new Error(`internal error: a submission was read when ${this.#state}`);
     }
-    this.#done ??= Promise.all([
-      ...this.#errors,
-      this.#staging.mapAsync(GPUMapMode.READ),
-      this.#top?.mapAsync(GPUMapMode.READ),
-    ]).then((r) => {
-      const e = r.slice(0, this.#errors.length).find((x) => x) as GPUError | undefined;
-      if (e) throw new Error(`internal error: the GPU rejected a submission: ${e.message}`);
-    });
+    if (!this.#done) {
+      const { ring, top } = this.decoder.readback, S = this.decoder.opts.maxSlots;
+      const steps = this.o.steps;
+      this.#done = Promise.all([
+        ...this.#errors,
+        ring.read(this.#staging, steps * S * 8).then((b) => (this.#ring = b)),
+        this.#top && top.read(this.#top, steps * this.decoder.topStride())
+          .then((b) => (this.#topData = b)),
+      ]).then((r) => {
+        const e = r.slice(0, this.#errors.length).find((x) => x) as GPUError | undefined;
+        if (e) throw new Error(`internal error: the GPU rejected a submission: ${e.message}`);
+      });
+    }
     return this.#done;
   }
 
   /**
    * After `done`: hands every recorded token to `take`, in step order, skipping sequences that
    * finished meanwhile; a slot the GPU had already stopped is reported through `stopped`.
-   * Frees the readback buffers.
    */
   read(take: TakeToken, stopped: (seq: Sequence) => void): void {
     const S = this.decoder.opts.maxSlots, K = this.decoder.opts.topK;
-    const ring = new Uint32Array(this.#staging.getMappedRange().slice(0));
+    const ring = new Uint32Array(this.#ring!);
     const ringF = new Float32Array(ring.buffer);
-    const raw = this.#top?.getMappedRange().slice(0);
+    const raw = this.#topData;
     const topIds = raw && new Uint32Array(raw), topLps = raw && new Float32Array(raw);
     const stride = this.decoder.topStride() / 4;
     for (let k = 0; k < this.o.steps; k++) {
@@ -170,9 +177,5 @@ export class Submission {
         take(seq, ring[i], ringF[i + 1], alts);
       });
     }
-    this.#staging.unmap();
-    this.#staging.destroy();
-    this.#top?.unmap();
-    this.#top?.destroy();
   }
 }

@@ -1,7 +1,8 @@
 // How Deno's mapAsync behaves: does the call block the calling thread until the GPU is idle
 // (Deno polls the device with Maintain::wait inside the op), and how long until its promise
 // resolves? On the H200 (Deno 2.9.6): the call blocks for the whole queued job, the promise
-// resolves ~11 ms later. engine/engine.ts schedules around it.
+// resolves ~11 ms later. engine/engine.ts schedules around it, and engine/readback.ts reads a
+// primed buffer as soon as the call returns (the last lines: "early").
 //   deno run -A scripts/probe_map.ts
 import { getGpu } from "../engine/gpu.ts";
 
@@ -97,4 +98,28 @@ for (let rep = 0; rep < 3; rep++) {
   d.queue.submit([job(4)]);
   await d.queue.onSubmittedWorkDone();
   console.log(`onSubmittedWorkDone after ${(now() - t0).toFixed(2)} ms`);
+}
+// A primed buffer (one mapping of it resolved) read as soon as mapAsync returns.
+{
+  const s = staging();
+  await s.mapAsync(GPUMapMode.READ);
+  s.unmap();
+  for (let rep = 0; rep < 3; rep++) {
+    const t0 = now();
+    const e = d.createCommandEncoder();
+    d.queue.submit([job(4)]);
+    e.copyBufferToBuffer(buf, 0, s, 0, 16);
+    d.queue.submit([e.finish()]);
+    const p = s.mapAsync(GPUMapMode.READ);
+    const t1 = now();
+    const v = new Float32Array(s.getMappedRange(0, 16).slice(0));
+    s.unmap();
+    const t2 = now();
+    await p;
+    console.log(
+      `early: mapAsync() returned after ${(t1 - t0).toFixed(2)} ms; data (${
+        v[0].toFixed(3)
+      }) read at ${(t2 - t0).toFixed(2)} ms; the promise resolved at ${(now() - t0).toFixed(2)} ms`,
+    );
+  }
 }

@@ -28,6 +28,7 @@ import {
 } from "./errors.ts";
 import { Sequence } from "./sequence.ts";
 import { Submission } from "./submission.ts";
+import { yieldToEventLoop } from "./readback.ts";
 import type { SessionStore } from "./session_store.ts";
 import { Sessions } from "./sessions.ts";
 import { packSampleParams, SAMPLE_PARAMS_BYTES } from "../kernels/sample.ts";
@@ -46,9 +47,9 @@ export interface EngineOptions {
   maxSteps?: number;
   /**
    * Decode steps queued on the GPU at once, in units of maxSteps (default 2), the one encoded
-   * ahead and held for the next readback included: deeper covers the ≥ 10 ms readbacks while K
-   * ramps up, but tokens arrive in larger bursts and a new request's prefill waits behind more
-   * queued work.
+   * ahead and held for the next readback included: deeper keeps the GPU busy while K ramps up
+   * and the host reads back, but tokens arrive in larger bursts and a new request's prefill
+   * waits behind more queued work.
    */
   queueDepth?: number;
   /**
@@ -77,10 +78,10 @@ export interface EngineModel {
 
 const REGIONS = 8;
 /**
- * Submissions queued on the GPU before the host waits for their readback. A readback lands no
- * sooner than ≈ 10 ms after its work (Deno polls the device on a timer), so while K ramps up
- * (1, 2, 4, …) several must already be queued or the GPU idles: up to four, holding fewer than
- * (queueDepth − 1) × maxSteps steps, plus the one held for the moment the wait returns.
+ * Submissions queued on the GPU before the host waits for their readback. Each readback round
+ * costs the host a yield to the event loop (≈ 2 ms) besides handing out tokens and encoding, so
+ * while K ramps up (1, 2, 4, …) several are queued or the GPU idles: up to four, holding fewer
+ * than (queueDepth − 1) × maxSteps steps, plus the one held for the moment the wait returns.
  */
 const MAX_INFLIGHT = 4;
 const TOP_K = 20;
@@ -320,11 +321,12 @@ export class Engine implements EngineLike {
    * The scheduler. Waiting for a readback blocks the host until the GPU has finished everything
    * submitted (Deno's `mapAsync`, see engine/submission.ts), so the loop keeps one decode
    * submission encoded but not submitted (`#held`) and submits it the moment that wait returns:
-   * the GPU then works while the host reads back, hands out tokens and encodes the next one.
+   * the GPU then works while the host reads back, hands out tokens, yields to the event loop
+   * and encodes the next one.
    * Before waiting, held submissions are submitted outright while fewer than
    * `(queueDepth − 1) · maxSteps` decode steps are queued (early in a generation, K is small
-   * next to the ≥ 10 ms a readback takes), but not behind a prefill that yields a first token,
-   * so that token is not held back by decode steps.
+   * next to the host's work per readback round), but not behind a prefill that yields a first
+   * token, so that token is not held back by decode steps.
    */
   async #loop(): Promise<void> {
     while (true) {
@@ -358,6 +360,9 @@ export class Engine implements EngineLike {
         await dones[i];
         this.#process(batch[i]);
       }
+      // Readbacks resolve at once (engine/readback.ts): without this the loop would hold the
+      // event loop until no sequence runs, and streams would flush only at the end.
+      await yieldToEventLoop();
     }
   }
 

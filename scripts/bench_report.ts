@@ -24,7 +24,8 @@ export interface Burst {
 
 /**
  * Arrivals closer than this (ms) belong to one burst. Tokens of one submission are handed over
- * in a single run of microtasks (microseconds apart); submissions complete on ≥ 10 ms polls.
+ * in a single run of microtasks (microseconds apart); submissions are at least a decode step
+ * apart, and the scheduler yields to the event loop (≈ 2 ms) between readbacks.
  */
 export const BURST_GAP_MS = 1;
 

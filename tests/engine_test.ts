@@ -224,6 +224,40 @@ Deno.test("engine: the KV pool's size, by default a memory budget, and bad sizes
   }
 });
 
+Deno.test("engine: timers and sockets get their turn while a generation runs", async () => {
+  await testGpu();
+  const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });
+  const server = Deno.serve(
+    { hostname: "127.0.0.1", port: 0, onListen() {} },
+    () => new Response("ok"),
+  );
+  try {
+    await makeTestModel(dir, { arch: "llama", dtype: "f16", hidden: 64, heads: 2, kvHeads: 1 });
+    const engine = await Engine.load(dir, { maxSlots: 1, contextLength: 512, maxSteps: 16 });
+    await engine.decoder.readback.ring.idle(); // its buffers are primed: every read is early
+    // Readbacks resolve without a timer (engine/readback.ts); if the scheduler never returned
+    // to the event loop, a timer or a request made at the first token would wait until the
+    // readback pool ran dry (8 submissions, 79 tokens here) or the generation ended. With one
+    // yield per readback they get their turn about 16 tokens in (K ramps 1, 2, 4, 8, 16).
+    const gen = engine.generate({ promptIds: [1, 2, 3], sampling: greedy(300) });
+    let received = 0;
+    let timer: Promise<number> | undefined, fetched: Promise<number> | undefined;
+    for await (const _ of gen) {
+      if (++received > 1) continue;
+      timer = new Promise((r) => setTimeout(() => r(received), 0));
+      fetched = fetch(`http://127.0.0.1:${server.addr.port}/`).then((r) => r.text())
+        .then(() => received);
+    }
+    assert.equal(received, 300);
+    const [t, f] = [await timer!, await fetched!];
+    assert.ok(t < 48, `the timer fired after ${t} tokens`);
+    assert.ok(f < 48, `the request was answered after ${f} tokens`);
+  } finally {
+    await server.shutdown();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
 Deno.test("engine: tokens do not depend on batch composition or steps per submission", async () => {
   await testGpu();
   const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });

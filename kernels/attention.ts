@@ -165,16 +165,25 @@ export interface AttentionBuffers {
   blockTable: GPUBuffer;
   /** `f32 [T, Hq, D]` out (rows from `tokenOffset`). */
   out: GPUBuffer;
+  /**
+   * `u32 [slot, pos0, tokens]` of the chunk (see {@linkcode chunkWords}): read when the launch
+   * runs, so one built launch serves every chunk of up to `tokens` rows at any slot and position.
+   */
+  chunk: GPUBuffer;
+}
+
+/** The words of {@linkcode AttentionBuffers.chunk}: the chunk's slot, first position and rows. */
+export function chunkWords(slot: number, pos0: number, tokens: number): Uint32Array<ArrayBuffer> {
+  return Uint32Array.of(slot, pos0, tokens, 0);
 }
 
 /** Shape of {@linkcode attentionDispatch}. */
 export interface AttentionOptions {
-  /** Queries of this sequence in the step (T ≥ 1). */
+  /**
+   * Most queries of a chunk this launch serves (T ≥ 1): it is sized for them, and its
+   * workgroups past the chunk's own row count return at once.
+   */
   tokens: number;
-  /** Batch slot of the sequence (its block-table row). */
-  slot: number;
-  /** Position of the first query; keys `0..pos0-1` are already cached. */
-  pos0: number;
   nHeads: number;
   nKvHeads: number;
   headDim: number;
@@ -196,16 +205,17 @@ export interface AttentionOptions {
 }
 
 /**
- * Builds causal attention for one sequence: query i (position `pos0 + i`) attends keys
- * `0..pos0+i` of slot `slot`, read through the block table, GQA head `h → h / (Hq / Hkv)`.
- * Writes `out[tokenOffset + i, h, :]`. One workgroup per (tile of rows, kv head).
+ * Builds causal attention for one sequence's chunk, as `chunk` says when it runs: query i
+ * (position `pos0 + i`, i < its `tokens`) attends keys `0..pos0+i` of slot `slot`, read through
+ * the block table, GQA head `h → h / (Hq / Hkv)`. Writes `out[tokenOffset + i, h, :]`. One
+ * workgroup per (tile of rows, kv head). The caller keeps `pos0 + tokens` within the table.
  *
- * @throws Error ("internal error") on shapes that do not fit (odd heads, context past the
- *   table, head dim too large for workgroup memory).
+ * @throws Error ("internal error") on shapes that do not fit (odd heads, layer past the model,
+ *   head dim too large for workgroup memory).
  * @example
- * const d = attentionDispatch(gpu, { q, kPool, vPool, blockTable, out }, {
- *   tokens: 40, slot: 0, pos0: 0, nHeads: 32, nKvHeads: 4, headDim: 64,
- *   layer: 0, nLayers: 22, maxBlocks: 129,
+ * const chunk = createStorage(gpu, 16, chunkWords(0, 0, 40));
+ * const d = attentionDispatch(gpu, { q, kPool, vPool, blockTable, out, chunk }, {
+ *   tokens: 40, nHeads: 32, nKvHeads: 4, headDim: 64, layer: 0, nLayers: 22, maxBlocks: 129,
  * });
  */
 export function attentionDispatch(
@@ -213,16 +223,16 @@ export function attentionDispatch(
   buffers: AttentionBuffers,
   opts: AttentionOptions,
 ): Dispatch {
-  const { tokens, slot, pos0, nHeads, nKvHeads, headDim: D, layer, nLayers, maxBlocks } = opts;
+  const { tokens, nHeads, nKvHeads, headDim: D, layer, nLayers, maxBlocks } = opts;
   const group = nHeads / nKvHeads;
   if (!(tokens >= 1 && Number.isInteger(group) && group >= 1 && D >= 2 && D % 2 === 0)) {
     throw new Error(
       `internal error: attention tokens ${tokens}, heads ${nHeads}/${nKvHeads}, head dim ${D}`,
     );
   }
-  if (pos0 + tokens > maxBlocks * BLOCK || layer >= nLayers) {
+  if (tokens > maxBlocks * BLOCK || layer >= nLayers) {
     throw new Error(
-      `internal error: attention over ${pos0 + tokens} positions, table of ${maxBlocks} ` +
+      `internal error: attention over ${tokens} positions, table of ${maxBlocks} ` +
         `blocks; layer ${layer} of ${nLayers}`,
     );
   }
@@ -248,12 +258,9 @@ export function attentionDispatch(
   const u = uniform(
     gpu,
     params([
-      tokens,
       nHeads,
       nKvHeads,
       group,
-      slot,
-      pos0,
       layer,
       nLayers,
       maxBlocks,
@@ -263,11 +270,11 @@ export function attentionDispatch(
   );
   const b = buffers;
   return {
-    label: `attention T${tokens} pos0 ${pos0} ${nHeads}/${nKvHeads}x${D}${kv16 ? " kv f16" : ""} ` +
+    label: `attention T≤${tokens} ${nHeads}/${nKvHeads}x${D}${kv16 ? " kv f16" : ""} ` +
       `L${layer} ` +
       `tile ${tile.rows}x${tile.keys}/${tile.wg}`,
     pipeline: pipe,
-    bindGroup: bindGroup(gpu, pipe, [u, b.q, b.kPool, b.vPool, b.blockTable, b.out]),
+    bindGroup: bindGroup(gpu, pipe, [u, b.q, b.kPool, b.vPool, b.blockTable, b.out, b.chunk]),
     workgroups: [rowTiles, nKvHeads, 1],
   };
 }

@@ -75,12 +75,9 @@ override RS: u32 = TC + 1u; // row-group stride of red
 override BPC: u32 = max(1u, BC / BLOCK); // cache blocks per tile
 
 struct Params {
-  tokens: u32,
   n_heads: u32,
   n_kv_heads: u32,
   group: u32, // n_heads / n_kv_heads
-  slot: u32,
-  pos0: u32,
   layer: u32,
   n_layers: u32,
   max_blocks: u32,
@@ -96,6 +93,9 @@ struct Params {
 @group(0) @binding(3) var<storage, read> v_pool: array<u32>;
 @group(0) @binding(4) var<storage, read> block_table: array<u32>; // [S, max_blocks]
 @group(0) @binding(5) var<storage, read_write> out: array<f32>; // [row0 + T, Hq, HD]
+// [slot, pos0, tokens] of this chunk: in a buffer rather than the uniform, so one built launch
+// serves every chunk of up to its capacity of rows (workgroups past `tokens` return at once).
+@group(0) @binding(6) var<storage, read> chunk: array<u32>;
 
 var<workgroup> qs: array<vec4<f32>, BR * KS>; // [r][d4] q, pre-scaled; zeros past the rows
 var<workgroup> kv: array<vec4<f32>, BC * KS>; // [j][d4] the K tile, then the V tile
@@ -103,6 +103,7 @@ var<workgroup> pt: array<vec4<f32>, TR * PS>; // [rg][j] P of rows rg + i TR (co
 var<workgroup> red: array<vec4<f32>, TR * RS>; // [rg][tc] partial row maxima; at the end sums
 var<workgroup> alpha: array<vec4<f32>, TR>; // [rg] this tile's rescale of the accumulators
 var<workgroup> blocks: array<u32, 2u * BPC>; // physical blocks of two tiles, by tile parity
+var<workgroup> chunk_wg: vec3<u32>; // chunk[0..3], read once, uniform to the workgroup
 
 // A thread's share of a K or V tile: items lid + i * WG (i < NT) of [j][d4], in named
 // fields rather than an array (see the header).
@@ -126,12 +127,12 @@ fn row_offset(row: u32, kvh: u32) -> u32 {
 
 // Looks up the blocks of tile `tile` into blocks[tile & 1] (threads lid < BPC); 0 past `limit`,
 // where the table row may end.
-fn stage(tile: u32, limit: u32, lid: u32) {
+fn stage(tile: u32, limit: u32, slot: u32, lid: u32) {
   if (lid < BPC) {
     let key = tile * BC + lid * BLOCK;
     var b = 0u;
     if (key < limit) {
-      b = block_table[p.slot * p.max_blocks + key / BLOCK];
+      b = block_table[slot * p.max_blocks + key / BLOCK];
     }
     blocks[(tile & 1u) * BPC + lid] = b;
   }
@@ -394,17 +395,26 @@ fn main(
   @builtin(num_workgroups) nwg: vec3<u32>,
   @builtin(local_invocation_index) lid: u32,
 ) {
-  let rows_total = p.tokens * p.group;
+  if (lid == 0u) {
+    chunk_wg = vec3<u32>(chunk[0], chunk[1], chunk[2]);
+  }
+  let c = workgroupUniformLoad(&chunk_wg);
+  let slot = c.x;
+  let pos0 = c.y;
+  let rows_total = c.z * p.group;
   // The last rows see the most keys: start them first, so no long tile ends the dispatch alone.
   let first = (nwg.x - 1u - wid.x) * BR;
+  if (first >= rows_total) {
+    return; // past this chunk's rows (the launch was built for more)
+  }
   let kvh = wid.y;
   let last = min(rows_total, first + BR) - 1u;
-  let pos_lo = p.pos0 + first / p.group; // position of the first row
-  let limit = p.pos0 + last / p.group + 1u; // keys [0, limit) serve some row here
+  let pos_lo = pos0 + first / p.group; // position of the first row
+  let limit = pos0 + last / p.group + 1u; // keys [0, limit) serve some row here
   let n_tiles = (limit + BC - 1u) / BC;
 
-  stage(0u, limit, lid);
-  stage(1u, limit, lid);
+  stage(0u, limit, slot, lid);
+  stage(1u, limit, slot, lid);
   for (var i = lid; i < BR * D4; i += WG) {
     let r = i / D4;
     let d = (i % D4) * 4u;
@@ -434,10 +444,10 @@ fn main(
   let tc = lid % TC;
   // Positions of the S thread's rows (padding rows take the last real row's).
   let pos = vec4<u32>(
-    p.pos0 + min(first + srg, last) / p.group,
-    p.pos0 + min(first + srg + TR, last) / p.group,
-    p.pos0 + min(first + srg + 2u * TR, last) / p.group,
-    p.pos0 + min(first + srg + 3u * TR, last) / p.group,
+    pos0 + min(first + srg, last) / p.group,
+    pos0 + min(first + srg + TR, last) / p.group,
+    pos0 + min(first + srg + 2u * TR, last) / p.group,
+    pos0 + min(first + srg + 3u * TR, last) / p.group,
   );
   var m = vec4<f32>(NEG); // running row maxima
   var l = vec4<f32>(0.0); // this thread's share of the running row sums
@@ -451,7 +461,7 @@ fn main(
     let key0 = tile * BC;
     put_share(kr, lid);
     workgroupBarrier();
-    stage(tile + 2u, limit, lid); // blocks[tile & 1] was last read by this tile's prefetch
+    stage(tile + 2u, limit, slot, lid); // blocks[tile & 1] was last read by this tile's prefetch
     kr = fetch(false, key0 + BC, limit, kvh, lid);
 
     var s0 = vec4<f32>(0.0);

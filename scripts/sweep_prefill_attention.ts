@@ -10,7 +10,7 @@
 import { parseArgs } from "node:util";
 import { createStorage, getGpu } from "../engine/gpu.ts";
 import type { Dispatch } from "../kernels/dispatch.ts";
-import { attentionDispatch, type AttentionOptions } from "../kernels/attention.ts";
+import { attentionDispatch, type AttentionOptions, chunkWords } from "../kernels/attention.ts";
 import { random, timeCalls } from "./sweep_kernels.ts";
 
 const { values: v } = parseArgs({
@@ -32,6 +32,7 @@ for (const pos0 of v.pos0!.split(",").map(Number)) {
   const out = createStorage(gpu, T * nHeads * D * 4, undefined, "out");
   const table = Uint32Array.from({ length: maxBlocks }, (_, b) => 1 + b);
   const blockTable = createStorage(gpu, table.byteLength, table, "table");
+  const chunk = createStorage(gpu, 16, chunkWords(0, pos0, T), "chunk");
   // Score and P.V multiply-adds over the causal triangle (and the cached keys).
   const pairs = T * pos0 + (T * (T + 1)) / 2;
   const flops = 2 * 2 * nHeads * D * pairs;
@@ -39,10 +40,8 @@ for (const pos0 of v.pos0!.split(",").map(Number)) {
     const calls: Dispatch[] = [];
     try {
       for (let rep = 0; rep < 22; rep++) {
-        calls.push(attentionDispatch(gpu, { q, kPool, vPool, blockTable, out }, {
+        calls.push(attentionDispatch(gpu, { q, kPool, vPool, blockTable, out, chunk }, {
           tokens: T,
-          slot: 0,
-          pos0,
           nHeads,
           nKvHeads,
           headDim: D,

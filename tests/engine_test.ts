@@ -224,6 +224,35 @@ Deno.test("engine: the KV pool's size, by default a memory budget, and bad sizes
   }
 });
 
+Deno.test("engine: prefill launches are built per size class, for any slot and position", async () => {
+  await testGpu();
+  const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });
+  try {
+    await makeTestModel(dir, { arch: "llama", dtype: "f16", hidden: 64, heads: 2, kvHeads: 1 });
+    const engine = await Engine.load(dir, { maxSlots: 2, contextLength: 512, maxChunk: 200 });
+    const d = engine.decoder;
+    assert.deepEqual(
+      [1, 2, 3, 5, 32, 33, 64, 65, 190, 193, 200].map((n) => d.prefillRows(n)),
+      [1, 2, 4, 8, 32, 64, 64, 96, 192, 200, 200],
+    );
+    const chunk = (n: number, slot: number, pos0: number) =>
+      d.prefill(n, { slot, pos0, last: false, region: 0, withTop: false });
+    // Other lengths of the class, other slots and positions: the same launches.
+    assert.equal(chunk(70, 0, 0), chunk(96, 1, 300));
+    assert.notEqual(chunk(70, 0, 0), chunk(97, 0, 0));
+    // The padded rows change nothing: a prompt run as chunks of 70 and 33 tokens gives the
+    // tokens and logprobs of the whole prompt in one chunk of 103 (rows 96 + 64 against 128).
+    const prompt = Array.from({ length: 103 }, (_, i) => (i * 7 + 3) % 200);
+    const whole = await collect(engine, prompt, greedy(6));
+    const chunked = await Engine.load(dir, { maxSlots: 2, contextLength: 512, maxChunk: 70 });
+    const parts = await collect(chunked, prompt, greedy(6));
+    assert.deepEqual(parts.tokens, whole.tokens);
+    parts.logprobs.forEach((lp, i) => assert.ok(Math.abs(lp - whole.logprobs[i]) < 1e-4));
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
 Deno.test("engine: timers and sockets get their turn while a generation runs", async () => {
   await testGpu();
   const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });

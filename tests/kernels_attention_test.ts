@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import type { KvDtype } from "../engine/dtype.ts";
 import { createStorage, type Gpu, readBuffer, readF32 } from "../engine/gpu.ts";
-import { attentionDispatch, attentionTile } from "../kernels/attention.ts";
+import { attentionDispatch, attentionTile, chunkWords } from "../kernels/attention.ts";
 import {
   attentionDecodeDispatches,
   attentionDecodeGeometry,
@@ -160,6 +160,8 @@ interface PrefillCase {
   tileRows?: number;
   tileKeys?: number;
   kvDtype?: KvDtype;
+  /** Rows the launch is built for (default `tokens`); rows past `tokens` must stay untouched. */
+  capacity?: number;
 }
 
 const TINY_HEADS = { nHeads: 32, nKvHeads: 4, headDim: 64 }; // TinyLlama's heads: GQA 8
@@ -194,18 +196,24 @@ for (
     // An f16 cache: GQA 8 after cached keys, and head dim 18 (rows of 9 words).
     { ...TINY_HEADS, tokens: 37, pos0: 29, kvDtype: "f16" },
     { nHeads: 2, nKvHeads: 1, headDim: 18, tokens: 11, pos0: 4, kvDtype: "f16" },
+    // Launches built for more rows than the chunk has (the engine builds one per size class).
+    { ...TINY_HEADS, tokens: 37, pos0: 29, capacity: 64 },
+    { nHeads: 4, nKvHeads: 2, headDim: 64, tokens: 1, pos0: 70, capacity: 512 },
+    { nHeads: 8, nKvHeads: 2, headDim: 64, tokens: 40, pos0: 5, capacity: 41, tokenOffset: 2 },
   ] as PrefillCase[]
 ) {
   const { nHeads, nKvHeads, headDim: D, tokens: T, pos0 } = c;
   const name = `attention prefill ${nHeads}/${nKvHeads}x${D} T=${T} pos0=${pos0}`;
   const extra = (c.tokenOffset ? ` offset ${c.tokenOffset}` : "") +
     (c.maxTileBytes ? ` tile <= ${c.maxTileBytes} B` : "") +
-    (c.tileRows ? ` tile ${c.tileRows}x${c.tileKeys}` : "") + (c.kvDtype ? ` kv ${c.kvDtype}` : "");
+    (c.tileRows ? ` tile ${c.tileRows}x${c.tileKeys}` : "") +
+    (c.kvDtype ? ` kv ${c.kvDtype}` : "") +
+    (c.capacity ? ` launch for ${c.capacity}` : "");
   Deno.test(name + extra, async () => {
     const gpu = await testGpu();
     const r = rng(7 * T + D);
-    const nLayers = 2, layer = 1, slot = 1, len = pos0 + T;
-    const maxBlocks = Math.ceil(len / 16) + 1;
+    const nLayers = 2, layer = 1, slot = 1, len = pos0 + T, cap = c.capacity ?? T;
+    const maxBlocks = Math.ceil(Math.max(len, cap) / 16) + 1;
     const cache = pagedCacheRef(r.next, {
       seqLens: [9, len, 30],
       nLayers,
@@ -214,21 +222,22 @@ for (
       maxBlocks,
       kvDtype: c.kvDtype,
     });
-    const row0 = c.tokenOffset ?? 0, rows = row0 + T;
+    const row0 = c.tokenOffset ?? 0, rows = row0 + cap;
     // Peaky softmax (|scores| of several units), so the max and rescaling really matter.
     const q = Float32Array.from(r.uniform(rows * nHeads * D, 3));
     const gc = uploadCache(gpu, cache);
-    // Prefilled with NaN: every output element must be written.
+    // Prefilled with NaN: every output element of the chunk's rows must be written.
     const out = createStorage(
       gpu,
       rows * nHeads * D * 4,
       new Float32Array(rows * nHeads * D).fill(NaN),
     );
-    const opts = { tokens: T, slot, pos0, nHeads, nKvHeads, headDim: D, layer, nLayers, maxBlocks };
+    const chunk = createStorage(gpu, 16, chunkWords(slot, pos0, T));
+    const opts = { tokens: cap, nHeads, nKvHeads, headDim: D, layer, nLayers, maxBlocks };
     const forced = c.tileRows
       ? { tileRows: c.tileRows, tileKeys: c.tileKeys, maxTileBytes: 8192 }
       : {};
-    const d = attentionDispatch(gpu, { q: f32(gpu, q), ...gc, out }, {
+    const d = attentionDispatch(gpu, { q: f32(gpu, q), ...gc, out, chunk }, {
       ...opts,
       scale: c.scale,
       tokenOffset: c.tokenOffset,
@@ -248,6 +257,10 @@ for (
     });
     const got = await readF32(gpu, out, T * nHeads * D, row0 * nHeads * D * 4);
     assertClose(`${d.label} wg ${d.workgroups}`, got, want);
+    if (cap > T) {
+      const past = await readF32(gpu, out, (cap - T) * nHeads * D, (row0 + T) * nHeads * D * 4);
+      assert.ok(past.every(Number.isNaN), "a row past the chunk's was written");
+    }
   });
 }
 
@@ -636,7 +649,10 @@ Deno.test("rope_kv -> prefill attention -> decode attention, end to end", async 
       tokSeq: u32(gpu, new Array(T).fill(0)),
       invFreq: gInv,
     }, { tokens: T, ...heads }),
-    attentionDispatch(gpu, { q, ...gc, out }, { tokens: T, slot: 0, pos0, ...heads }),
+    attentionDispatch(gpu, { q, ...gc, out, chunk: u32(gpu, [...chunkWords(0, pos0, T)]) }, {
+      tokens: T,
+      ...heads,
+    }),
   ];
   // Then one decode step (RoPE and KV write inside): slot 0 at position 30, slot 1 at 33.
   const dq = Float32Array.from(r.uniform(2 * width, 2));

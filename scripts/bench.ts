@@ -78,6 +78,11 @@ export interface BenchResult {
   /** Aggregate decode tokens per second, keyed by batch size. */
   decode_tok_s: Record<string, number>;
   ttft_ms: number;
+  /**
+   * Time to first token of prompts one to three tokens shorter than `prompt_len` (median): each
+   * a length the engine has not seen, as most requests' are. Null for prompts under 4 tokens.
+   */
+  ttft_new_length_ms: number | null;
   /** Inter-token delivery times at batch 1 (tokens arrive in bursts of K per submission). */
   ms_per_token_p50: number;
   ms_per_token_p95: number;
@@ -163,6 +168,11 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
     ttfts.push(r.arrivals[0] - r.t0);
   }
   const ttft = percentile(ttfts, 50);
+  const fresh: number[] = [];
+  for (let i = 1; i <= 3 && o.promptLen > 3; i++) {
+    const r = await timed(engine, prompts().slice(i), 1);
+    fresh.push(r.arrivals[0] - r.t0);
+  }
 
   const decode: Record<string, number> = {};
   const hostMs: Record<string, number> = {};
@@ -212,6 +222,7 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
     prefill_tok_s: o.promptLen / (ttft / 1000),
     decode_tok_s: decode,
     ttft_ms: ttft,
+    ttft_new_length_ms: fresh.length ? percentile(fresh, 50) : null,
     ms_per_token_p50: percentile(gaps, 50),
     ms_per_token_p95: percentile(gaps, 95),
     step_ms_p50: percentile(stepMs, 50),

@@ -127,6 +127,10 @@ export function formatTable(r: BenchResult): string {
   const rows: [string, string][] = [
     [`prefill (${r.prompt_len}-token prompt, batch 1)`, `${r.prefill_tok_s.toFixed(1)} tok/s`],
     ["time to first token (batch 1)", `${r.ttft_ms.toFixed(1)} ms`],
+    ...(r.ttft_new_length_ms === null ? [] : [[
+      "  at a prompt length not seen before",
+      `${r.ttft_new_length_ms.toFixed(1)} ms`,
+    ] as [string, string]]),
   ];
   for (const b of r.batch) {
     const agg = b > 1 ? "  (aggregate)" : "";

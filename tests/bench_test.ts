@@ -89,6 +89,7 @@ Deno.test("bench: runBench on the tiny shape reports every field", async () => {
     decode_1: r.decode_tok_s["1"],
     decode_2: r.decode_tok_s["2"],
     ttft_ms: r.ttft_ms,
+    ttft_new_length_ms: r.ttft_new_length_ms ?? NaN,
     ms_per_token_p95: r.ms_per_token_p95,
     step_ms_p50: r.step_ms_p50,
     bytes_per_token: r.bytes_per_token,

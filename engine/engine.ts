@@ -28,7 +28,6 @@ import {
 } from "./errors.ts";
 import { Sequence } from "./sequence.ts";
 import { Submission } from "./submission.ts";
-import { yieldToEventLoop } from "./readback.ts";
 import type { SessionStore } from "./session_store.ts";
 import { Sessions } from "./sessions.ts";
 import { packSampleParams, SAMPLE_PARAMS_BYTES } from "../kernels/sample.ts";
@@ -102,6 +101,8 @@ export class Engine implements EngineLike {
   readonly #sessions: Sessions;
   #region = 0;
   #running = false;
+  /** Ends the loop's current yield to the event loop early (see {@linkcode #yield}). */
+  #wake?: () => void;
   #nextK = 1;
   #host = { submissions: 0, steps: 0, ms: 0 };
 
@@ -291,7 +292,7 @@ export class Engine implements EngineLike {
   }
 
   #kick(): void {
-    if (this.#running) return;
+    if (this.#running) return this.#wake?.(); // new work: stop yielding
     this.#running = true;
     this.#loop().catch((e) => {
       // A GPU or internal failure ends every request with the error and drops their KV (it may
@@ -362,8 +363,32 @@ export class Engine implements EngineLike {
       }
       // Readbacks resolve at once (engine/readback.ts): without this the loop would hold the
       // event loop until no sequence runs, and streams would flush only at the end.
-      await yieldToEventLoop();
+      await this.#yield();
     }
+  }
+
+  /**
+   * Returns to the event loop for one timer's wait, or until new work arrives: sockets, timers
+   * and other I/O get their turn. Needed because readbacks resolve without a timer
+   * (engine/readback.ts): a loop awaiting only them would never let the event loop poll, and
+   * HTTP writes and new connections would wait for the generation to end.
+   *
+   * `setTimeout(0)` takes ≈ 2 ms (p50, dev machine and the H200's host), which the GPU covers
+   * while it runs the held submission; a request arriving meanwhile cuts it short, so it does
+   * not add to that request's time to first token. Cheaper yields fall short: `setImmediate`
+   * and `MessageChannel` return without polling sockets, and awaiting a fast async op (≈ 40 µs)
+   * polls them once, so a request needing a few round trips through the loop waited several
+   * readbacks.
+   */
+  async #yield(): Promise<void> {
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, 0);
+      this.#wake = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+    });
+    this.#wake = undefined;
   }
 
   /** Moves waiting sequences into free slots when their blocks fit; submits their prefill. */

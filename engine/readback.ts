@@ -17,21 +17,6 @@
  * Measured with `scripts/probe_map.ts`: llvmpipe through Vulkan and GL, and the H200.
  */
 
-/**
- * Returns to the event loop for one timer's wait, so that sockets, timers and other I/O get their
- * turn. Needed because early reads resolve without a timer: a scheduler awaiting only them would
- * never let the event loop poll, and HTTP writes and new connections would wait for the
- * generation to end (or the pool to run dry).
- *
- * `setTimeout(0)` takes ≈ 2.3 ms (p50, dev machine). Cheaper yields fall short: `setImmediate`
- * and `MessageChannel` return without polling sockets, and awaiting a fast async op (≈ 40 µs)
- * polls them once, so a request needing a few round trips through the loop waited several
- * readbacks. The engine yields after submitting the next decode steps, while the GPU works.
- */
-export function yieldToEventLoop(): Promise<void> {
-  return new Promise((r) => setTimeout(r, 0));
-}
-
 const READ_USAGE = GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST;
 
 /** What a pool's reads did so far (for tests and the bench). */

@@ -84,6 +84,13 @@ const REGIONS = 8;
  */
 const MAX_INFLIGHT = 4;
 const TOP_K = 20;
+/**
+ * Pacing (see {@linkcode Engine.#loop}): the loop sleeps before a readback when at least this
+ * much decode work is estimated to be left on the GPU (ms), waking this much before its end
+ * (timers fire ≈ 1–2 ms late).
+ */
+const PACE_MIN_MS = 4;
+const PACE_MARGIN_MS = 3;
 
 /** A model on the GPU and the scheduler that serves it. */
 export class Engine implements EngineLike {
@@ -104,7 +111,11 @@ export class Engine implements EngineLike {
   /** Ends the loop's current yield to the event loop early (see {@linkcode #yield}). */
   #wake?: () => void;
   #nextK = 1;
-  #host = { submissions: 0, steps: 0, ms: 0 };
+  #host = { submissions: 0, steps: 0, ms: 0, pacedMs: 0 };
+  /** GPU ms per decode step, by submission width (measured when a readback had to wait). */
+  #stepMs = new Map<number, number>();
+  /** When the last readback returned: everything submitted before it had finished (ms). */
+  #gpuDoneAt = 0;
 
   private constructor(
     readonly gpu: Gpu,
@@ -328,6 +339,9 @@ export class Engine implements EngineLike {
    * `(queueDepth − 1) · maxSteps` decode steps are queued (early in a generation, K is small
    * next to the host's work per readback round), but not behind a prefill that yields a first
    * token, so that token is not held back by decode steps.
+   * Before a readback of decode steps whose step time it has measured, the loop sleeps until
+   * about {@linkcode PACE_MARGIN_MS} before the GPU should finish them, so the wait that blocks
+   * the event loop is short: HTTP and WebSocket traffic runs during most of a generation.
    */
   async #loop(): Promise<void> {
     while (true) {
@@ -351,10 +365,21 @@ export class Engine implements EngineLike {
         continue;
       }
       if (!this.#inflight.length) break;
+      // A readback blocks the event loop until the GPU is done: sleep through most of the
+      // decode work first (a request arriving meanwhile wakes the loop).
+      const rest = this.#restMs();
+      if (rest >= PACE_MIN_MS) {
+        const t = performance.now();
+        await this.#yield(rest - PACE_MARGIN_MS);
+        this.#host.pacedMs += performance.now() - t;
+        continue;
+      }
       // Every submitted buffer is finished once the first readback request returns: request
       // them all, then put the held one on the GPU before handing out tokens.
       const batch = this.#inflight.splice(0);
+      const t0 = performance.now();
       const dones = batch.map((sub) => sub.done);
+      this.#learnStep(batch, t0, performance.now());
       for (const d of dones) d.catch(() => {}); // awaited below, in order
       if (this.#held) this.#submitHeld();
       for (let i = 0; i < batch.length; i++) {
@@ -368,10 +393,43 @@ export class Engine implements EngineLike {
   }
 
   /**
-   * Returns to the event loop for one timer's wait, or until new work arrives: sockets, timers
-   * and other I/O get their turn. Needed because readbacks resolve without a timer
-   * (engine/readback.ts): a loop awaiting only them would never let the event loop poll, and
-   * HTTP writes and new connections would wait for the generation to end.
+   * Estimated GPU time left on the submitted work (ms): 0 unless all of it is decode steps of
+   * widths whose step time has been measured. The GPU runs submissions in order, each from
+   * when it was submitted or the one before finished.
+   */
+  #restMs(): number {
+    let end = this.#gpuDoneAt;
+    for (const sub of this.#inflight) {
+      const per = this.#stepMs.get(sub.width);
+      if (sub.o.prefill || per === undefined) return 0;
+      end = Math.max(end, sub.submittedAt) + per * sub.o.steps;
+    }
+    return end - performance.now();
+  }
+
+  /**
+   * Learns the step time from a readback that waited from `t0` to `t1`. When it waited, the
+   * GPU finished at `t1`, so a lone decode submission gives its time per step; when it did
+   * not, the loop slept too long, and the estimate shrinks by a tenth.
+   */
+  #learnStep(batch: Submission[], t0: number, t1: number): void {
+    const sub = batch[0];
+    if (batch.length === 1 && !sub.o.prefill && sub.o.steps > 0) {
+      const old = this.#stepMs.get(sub.width);
+      if (t1 - t0 > 0.5) {
+        const per = (t1 - Math.max(sub.submittedAt, this.#gpuDoneAt)) / sub.o.steps;
+        this.#stepMs.set(sub.width, old === undefined ? per : (old + per) / 2);
+      } else if (old !== undefined) this.#stepMs.set(sub.width, old * 0.9);
+    }
+    this.#gpuDoneAt = t1;
+  }
+
+  /**
+   * Returns to the event loop for `ms` (default: one timer's wait), or until new work arrives:
+   * sockets, timers and other I/O get their turn. Needed because readbacks block the event loop
+   * until the GPU is done and then resolve without a timer (engine/readback.ts): a loop
+   * awaiting only them would never let the event loop poll, and HTTP writes and new
+   * connections would wait for the generation to end.
    *
    * `setTimeout(0)` takes ≈ 2 ms (p50, dev machine and the H200's host), which the GPU covers
    * while it runs the held submission; a request arriving meanwhile cuts it short, so it does
@@ -380,9 +438,9 @@ export class Engine implements EngineLike {
    * polls them once, so a request needing a few round trips through the loop waited several
    * readbacks.
    */
-  async #yield(): Promise<void> {
+  async #yield(ms = 0): Promise<void> {
     await new Promise<void>((resolve) => {
-      const timer = setTimeout(resolve, 0);
+      const timer = setTimeout(resolve, ms);
       this.#wake = () => {
         clearTimeout(timer);
         resolve();
@@ -516,10 +574,11 @@ export class Engine implements EngineLike {
   }
 
   /**
-   * Totals since the engine started: submissions, the steps they recorded, and the host time
-   * spent encoding and submitting them (ms). The bench divides the time by the steps.
+   * Totals since the engine started: submissions, the steps they recorded, the host time
+   * spent encoding and submitting them (ms; the bench divides it by the steps), and the time
+   * the loop slept before readbacks while the GPU worked (`pacedMs`; the event loop was free).
    */
-  hostStats(): { submissions: number; steps: number; ms: number } {
+  hostStats(): { submissions: number; steps: number; ms: number; pacedMs: number } {
     return { ...this.#host };
   }
 

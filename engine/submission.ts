@@ -48,6 +48,10 @@ export type TakeToken = (
 export class Submission {
   /** Host time spent encoding and (once submitted) submitting this command buffer (ms). */
   hostMs: number;
+  /** When it was submitted (`performance.now()`, ms; 0 before). */
+  submittedAt = 0;
+  /** Slots its steps advance: one past the last live one. */
+  readonly width: number;
   readonly #staging: GPUBuffer;
   readonly #top?: GPUBuffer;
   #cb?: GPUCommandBuffer;
@@ -64,6 +68,7 @@ export class Submission {
   ) {
     const d = decoder, dev = d.gpu.device, S = d.opts.maxSlots;
     const t0 = performance.now();
+    this.width = o.slots.findLastIndex(Boolean) + 1;
     // Errors of this submission reject `done` (the engine then fails the requests it served)
     // instead of only being logged while garbage tokens stream on.
     dev.pushErrorScope("validation");
@@ -105,6 +110,7 @@ export class Submission {
     dev.pushErrorScope("validation");
     dev.pushErrorScope("out-of-memory");
     dev.queue.submit([this.#cb!]);
+    this.submittedAt = performance.now();
     this.#cb = undefined;
     this.#state = "submitted";
     this.#scoped();

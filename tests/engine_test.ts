@@ -281,6 +281,8 @@ Deno.test("engine: timers and sockets get their turn while a generation runs", a
     const [t, f] = [await timer!, await fetched!];
     assert.ok(t < 48, `the timer fired after ${t} tokens`);
     assert.ok(f < 48, `the request was answered after ${f} tokens`);
+    // Once K reached 16, the loop slept through most of each submission's GPU time.
+    assert.ok(engine.hostStats().pacedMs > 0, "the loop never slept before a readback");
   } finally {
     await server.shutdown();
     await Deno.remove(dir, { recursive: true });

@@ -94,6 +94,11 @@ export interface BenchResult {
   max_chunk: number;
   /** Host time encoding and submitting, per decode step recorded, by batch size (ms). */
   host_ms_per_step: Record<string, number>;
+  /**
+   * How long a `setTimeout(0)` took while that batch decoded (p50 and p95, ms): how soon the
+   * server can answer other requests during a generation (readbacks block the event loop).
+   */
+  event_loop_lag_ms: Record<string, { p50: number; p95: number }>;
   /** Tokens per delivery burst at batch 1, in order (the first is the prefill's token). */
   bursts: number[];
   bytes_per_token: number;
@@ -177,10 +182,23 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
   const decode: Record<string, number> = {};
   const hostMs: Record<string, number> = {};
   let batch1: Timed | undefined;
+  const lag: Record<string, { p50: number; p95: number }> = {};
   for (const b of o.batch) {
     status(`bench: decode, batch ${b} x ${o.newTokens} tokens`);
     const before = engine.hostStats();
+    const lags: number[] = [];
+    let decoding = true;
+    const probe = (async () => {
+      while (decoding) {
+        const t = performance.now();
+        await new Promise((r) => setTimeout(r, 0));
+        lags.push(performance.now() - t);
+      }
+    })();
     const runs = await generateAll(b, o.newTokens);
+    decoding = false;
+    await probe;
+    lag[b] = { p50: percentile(lags, 50), p95: percentile(lags, 95) };
     decode[b] = decodeRate(runs);
     const after = engine.hostStats();
     hostMs[b] = (after.ms - before.ms) / Math.max(1, after.steps - before.steps);
@@ -229,6 +247,7 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
     queue_depth: engine.opts.queueDepth,
     max_chunk: engine.opts.maxChunk,
     host_ms_per_step: hostMs,
+    event_loop_lag_ms: lag,
     bursts: groups.map((g) => g.tokens),
     bytes_per_token: bytes.total,
     weight_bytes_per_token: bytes.weights,

@@ -151,6 +151,13 @@ export function formatTable(r: BenchResult): string {
       ` ms  (batch ${r.batch.join(" / ")})`,
     ],
     [
+      "event-loop lag p50 / p95 while decoding",
+      r.batch.map((b) => {
+        const l = r.event_loop_lag_ms[b];
+        return l ? `${l.p50.toFixed(1)} / ${l.p95.toFixed(1)}` : "-";
+      }).join(", ") + ` ms  (batch ${r.batch.join(", ")})`,
+    ],
+    [
       "bytes per token (batch 1)",
       `${formatBytes(r.bytes_per_token)}  (weights ${formatBytes(r.weight_bytes_per_token)}` +
       ` + KV ${formatBytes(r.kv_bytes_per_token)} at mean context ${r.mean_context})`,

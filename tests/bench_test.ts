@@ -107,6 +107,8 @@ Deno.test("bench: runBench on the tiny shape reports every field", async () => {
   for (const b of ["1", "2"]) {
     const ms = r.host_ms_per_step[b];
     assert.ok(ms > 0 && ms < 10_000, `host ms per step at batch ${b}: ${ms}`);
+    const lag = r.event_loop_lag_ms[b];
+    assert.ok(lag.p50 > 0 && lag.p50 <= lag.p95, `event-loop lag at batch ${b}: ${lag}`);
   }
   assert.equal(r.prompt_len, 8);
   assert.equal(r.new_tokens, 8);

@@ -86,8 +86,9 @@ const MAX_INFLIGHT = 4;
 const TOP_K = 20;
 /**
  * Pacing (see {@linkcode Engine.#loop}): the loop sleeps before a readback when at least this
- * much decode work is estimated to be left on the GPU (ms), waking this much before its end
- * (timers fire ≈ 1–2 ms late).
+ * much work is estimated to be left on the GPU (ms), waking this much before its end (timers
+ * fire ≈ 1–2 ms late), plus a tenth of the estimate of prefill chunks (their time varies more,
+ * with the cached keys attention reads, and the first token waits on them).
  */
 const PACE_MIN_MS = 4;
 const PACE_MARGIN_MS = 3;
@@ -112,8 +113,11 @@ export class Engine implements EngineLike {
   #wake?: () => void;
   #nextK = 1;
   #host = { submissions: 0, steps: 0, ms: 0, pacedMs: 0 };
-  /** GPU ms per decode step, by submission width (measured when a readback had to wait). */
-  #stepMs = new Map<number, number>();
+  /**
+   * GPU ms per decode step by width, and per prefill chunk by size class (measured when a
+   * readback had to wait), keyed by {@linkcode Submission.work}.
+   */
+  #gpuMs = new Map<string, number>();
   /** When the last readback returned: everything submitted before it had finished (ms). */
   #gpuDoneAt = 0;
 
@@ -339,9 +343,10 @@ export class Engine implements EngineLike {
    * `(queueDepth − 1) · maxSteps` decode steps are queued (early in a generation, K is small
    * next to the host's work per readback round), but not behind a prefill that yields a first
    * token, so that token is not held back by decode steps.
-   * Before a readback of decode steps whose step time it has measured, the loop sleeps until
-   * about {@linkcode PACE_MARGIN_MS} before the GPU should finish them, so the wait that blocks
-   * the event loop is short: HTTP and WebSocket traffic runs during most of a generation.
+   * Before a readback of work whose GPU time it has measured (decode steps, prefill chunks),
+   * the loop sleeps until about {@linkcode PACE_MARGIN_MS} before the GPU should finish it, so
+   * the wait that blocks the event loop is short: HTTP and WebSocket traffic runs during most
+   * of a generation.
    */
   async #loop(): Promise<void> {
     while (true) {
@@ -393,33 +398,36 @@ export class Engine implements EngineLike {
   }
 
   /**
-   * Estimated GPU time left on the submitted work (ms): 0 unless all of it is decode steps of
-   * widths whose step time has been measured. The GPU runs submissions in order, each from
-   * when it was submitted or the one before finished.
+   * Estimated GPU time left on the submitted work, less the prefill margin (ms): 0 unless the
+   * time of all of it has been measured. The GPU runs submissions in order, each from when it
+   * was submitted or the one before finished.
    */
   #restMs(): number {
-    let end = this.#gpuDoneAt;
+    let end = this.#gpuDoneAt, prefill = 0;
     for (const sub of this.#inflight) {
-      const per = this.#stepMs.get(sub.width);
-      if (sub.o.prefill || per === undefined) return 0;
-      end = Math.max(end, sub.submittedAt) + per * sub.o.steps;
+      const per = this.#gpuMs.get(sub.work);
+      if (per === undefined) return 0;
+      const ms = sub.o.prefill ? per : per * sub.o.steps;
+      if (sub.o.prefill) prefill += ms;
+      end = Math.max(end, sub.submittedAt) + ms;
     }
-    return end - performance.now();
+    return end - performance.now() - prefill / 10;
   }
 
   /**
-   * Learns the step time from a readback that waited from `t0` to `t1`. When it waited, the
-   * GPU finished at `t1`, so a lone decode submission gives its time per step; when it did
+   * Learns GPU times from a readback that waited from `t0` to `t1`. When it waited, the GPU
+   * finished at `t1`, so a lone submission gives its time (per step for decode); when it did
    * not, the loop slept too long, and the estimate shrinks by a tenth.
    */
   #learnStep(batch: Submission[], t0: number, t1: number): void {
     const sub = batch[0];
-    if (batch.length === 1 && !sub.o.prefill && sub.o.steps > 0) {
-      const old = this.#stepMs.get(sub.width);
+    const units = sub.o.prefill ? 1 : sub.o.steps;
+    if (batch.length === 1 && units > 0) {
+      const old = this.#gpuMs.get(sub.work);
       if (t1 - t0 > 0.5) {
-        const per = (t1 - Math.max(sub.submittedAt, this.#gpuDoneAt)) / sub.o.steps;
-        this.#stepMs.set(sub.width, old === undefined ? per : (old + per) / 2);
-      } else if (old !== undefined) this.#stepMs.set(sub.width, old * 0.9);
+        const per = (t1 - Math.max(sub.submittedAt, this.#gpuDoneAt)) / units;
+        this.#gpuMs.set(sub.work, old === undefined ? per : (old + per) / 2);
+      } else if (old !== undefined) this.#gpuMs.set(sub.work, old * 0.9);
     }
     this.#gpuDoneAt = t1;
   }
@@ -516,6 +524,7 @@ export class Engine implements EngineLike {
         slots,
         top: seq.sampling.topLogprobs > 0,
         prefill: true,
+        rows: d.prefillRows(part.length),
       });
       this.#commit(sub);
     }

@@ -22,6 +22,8 @@ export interface SubmissionOptions {
   top: boolean;
   /** A prefill chunk (default: decode steps). */
   prefill?: boolean;
+  /** Rows the prefill chunk runs as (its size class; see Decoder.prefillRows). */
+  rows?: number;
 }
 
 /** A token as read back: which sequence, its id, logprob and alternatives. */
@@ -52,6 +54,11 @@ export class Submission {
   submittedAt = 0;
   /** Slots its steps advance: one past the last live one. */
   readonly width: number;
+  /**
+   * What its GPU time is measured by (engine pacing): `decode <width>` per step, or
+   * `prefill <rows>` per chunk.
+   */
+  readonly work: string;
   readonly #staging: GPUBuffer;
   readonly #top?: GPUBuffer;
   #cb?: GPUCommandBuffer;
@@ -69,6 +76,7 @@ export class Submission {
     const d = decoder, dev = d.gpu.device, S = d.opts.maxSlots;
     const t0 = performance.now();
     this.width = o.slots.findLastIndex(Boolean) + 1;
+    this.work = o.prefill ? `prefill ${o.rows}` : `decode ${this.width}`;
     // Errors of this submission reject `done` (the engine then fails the requests it served)
     // instead of only being logged while garbage tokens stream on.
     dev.pushErrorScope("validation");

@@ -28,6 +28,7 @@ import {
 } from "./errors.ts";
 import { Sequence } from "./sequence.ts";
 import { Submission } from "./submission.ts";
+import { Pacer } from "./pacer.ts";
 import type { SessionStore } from "./session_store.ts";
 import { Sessions } from "./sessions.ts";
 import { packSampleParams, SAMPLE_PARAMS_BYTES } from "../kernels/sample.ts";
@@ -84,14 +85,6 @@ const REGIONS = 8;
  */
 const MAX_INFLIGHT = 4;
 const TOP_K = 20;
-/**
- * Pacing (see {@linkcode Engine.#loop}): the loop sleeps before a readback when at least this
- * much work is estimated to be left on the GPU (ms), waking this much before its end (timers
- * fire ≈ 1–2 ms late), plus a tenth of the estimate of prefill chunks (their time varies more,
- * with the cached keys attention reads, and the first token waits on them).
- */
-const PACE_MIN_MS = 4;
-const PACE_MARGIN_MS = 3;
 
 /** A model on the GPU and the scheduler that serves it. */
 export class Engine implements EngineLike {
@@ -113,13 +106,8 @@ export class Engine implements EngineLike {
   #wake?: () => void;
   #nextK = 1;
   #host = { submissions: 0, steps: 0, ms: 0, pacedMs: 0 };
-  /**
-   * GPU ms per decode step by width, and per prefill chunk by size class (measured when a
-   * readback had to wait), keyed by {@linkcode Submission.work}.
-   */
-  #gpuMs = new Map<string, number>();
-  /** When the last readback returned: everything submitted before it had finished (ms). */
-  #gpuDoneAt = 0;
+  /** GPU-time estimates: how long the loop may sleep before a readback. */
+  readonly #pacer = new Pacer();
 
   private constructor(
     readonly gpu: Gpu,
@@ -344,7 +332,7 @@ export class Engine implements EngineLike {
    * next to the host's work per readback round), but not behind a prefill that yields a first
    * token, so that token is not held back by decode steps.
    * Before a readback of work whose GPU time it has measured (decode steps, prefill chunks),
-   * the loop sleeps until about {@linkcode PACE_MARGIN_MS} before the GPU should finish it, so
+   * the loop sleeps until shortly before the GPU should finish it (engine/pacer.ts), so
    * the wait that blocks the event loop is short: HTTP and WebSocket traffic runs during most
    * of a generation.
    */
@@ -372,10 +360,10 @@ export class Engine implements EngineLike {
       if (!this.#inflight.length) break;
       // A readback blocks the event loop until the GPU is done: sleep through most of the
       // decode work first (a request arriving meanwhile wakes the loop).
-      const rest = this.#restMs();
-      if (rest >= PACE_MIN_MS) {
+      const sleep = this.#pacer.sleepMs(this.#inflight);
+      if (sleep > 0) {
         const t = performance.now();
-        await this.#yield(rest - PACE_MARGIN_MS);
+        await this.#yield(sleep);
         this.#host.pacedMs += performance.now() - t;
         continue;
       }
@@ -384,7 +372,7 @@ export class Engine implements EngineLike {
       const batch = this.#inflight.splice(0);
       const t0 = performance.now();
       const dones = batch.map((sub) => sub.done);
-      this.#learnStep(batch, t0, performance.now());
+      this.#pacer.learn(batch, t0, performance.now());
       for (const d of dones) d.catch(() => {}); // awaited below, in order
       if (this.#held) this.#submitHeld();
       for (let i = 0; i < batch.length; i++) {
@@ -395,41 +383,6 @@ export class Engine implements EngineLike {
       // event loop until no sequence runs, and streams would flush only at the end.
       await this.#yield();
     }
-  }
-
-  /**
-   * Estimated GPU time left on the submitted work, less the prefill margin (ms): 0 unless the
-   * time of all of it has been measured. The GPU runs submissions in order, each from when it
-   * was submitted or the one before finished.
-   */
-  #restMs(): number {
-    let end = this.#gpuDoneAt, prefill = 0;
-    for (const sub of this.#inflight) {
-      const per = this.#gpuMs.get(sub.work);
-      if (per === undefined) return 0;
-      const ms = sub.o.prefill ? per : per * sub.o.steps;
-      if (sub.o.prefill) prefill += ms;
-      end = Math.max(end, sub.submittedAt) + ms;
-    }
-    return end - performance.now() - prefill / 10;
-  }
-
-  /**
-   * Learns GPU times from a readback that waited from `t0` to `t1`. When it waited, the GPU
-   * finished at `t1`, so a lone submission gives its time (per step for decode); when it did
-   * not, the loop slept too long, and the estimate shrinks by a tenth.
-   */
-  #learnStep(batch: Submission[], t0: number, t1: number): void {
-    const sub = batch[0];
-    const units = sub.o.prefill ? 1 : sub.o.steps;
-    if (batch.length === 1 && units > 0) {
-      const old = this.#gpuMs.get(sub.work);
-      if (t1 - t0 > 0.5) {
-        const per = (t1 - Math.max(sub.submittedAt, this.#gpuDoneAt)) / units;
-        this.#gpuMs.set(sub.work, old === undefined ? per : (old + per) / 2);
-      } else if (old !== undefined) this.#gpuMs.set(sub.work, old * 0.9);
-    }
-    this.#gpuDoneAt = t1;
   }
 
   /**

@@ -1,0 +1,77 @@
+/**
+ * How long the scheduler may sleep before it waits on a readback. Waiting blocks the event loop
+ * until the GPU has finished everything submitted (Deno's `mapAsync`, see engine/readback.ts),
+ * so the engine sleeps through most of that GPU time first, with the event loop free, and
+ * blocks only for the rest.
+ *
+ * The GPU times come from waits that had to block: then the GPU finished as the wait returned.
+ * They are kept per kind of work ({@linkcode Paced.work}): per decode step for each width, per
+ * prefill chunk for each size class.
+ */
+
+/** What the pacer needs to know of a submission (engine/submission.ts). */
+export interface Paced {
+  /** `decode <width>` (timed per step) or `prefill <rows>` (per chunk). */
+  work: string;
+  /** When it was submitted (`performance.now()`, ms). */
+  submittedAt: number;
+  o: { steps: number; prefill?: boolean };
+}
+
+/** Sleep only when at least this much GPU work is estimated to be left (ms). */
+export const PACE_MIN_MS = 4;
+/**
+ * Wake this much before the GPU should finish (ms): timers fire ≈ 1–2 ms late. Prefill chunks
+ * get a tenth of their estimate more: their time varies with the cached keys attention reads,
+ * and the first token waits on them.
+ */
+export const PACE_MARGIN_MS = 3;
+
+/** GPU-time estimates, learnt from readbacks, and the sleep they allow. */
+export class Pacer {
+  readonly #ms = new Map<string, number>();
+  /** When the last readback returned: everything submitted before had finished (ms). */
+  #doneAt = 0;
+
+  /** The estimate for one unit of `work` (ms), if measured. */
+  estimate(work: string): number | undefined {
+    return this.#ms.get(work);
+  }
+
+  /**
+   * How long to sleep before waiting on `inflight` (ms; 0: wait now): until
+   * {@linkcode PACE_MARGIN_MS} before the GPU should finish it, when all of it has been
+   * measured and at least {@linkcode PACE_MIN_MS} is left. The GPU runs submissions in order,
+   * each from when it was submitted or the one before finished.
+   */
+  sleepMs(inflight: readonly Paced[], now = performance.now()): number {
+    let end = this.#doneAt, prefill = 0;
+    for (const sub of inflight) {
+      const per = this.#ms.get(sub.work);
+      if (per === undefined) return 0;
+      const ms = sub.o.prefill ? per : per * sub.o.steps;
+      if (sub.o.prefill) prefill += ms;
+      end = Math.max(end, sub.submittedAt) + ms;
+    }
+    const rest = end - now - prefill / 10;
+    return rest >= PACE_MIN_MS ? rest - PACE_MARGIN_MS : 0;
+  }
+
+  /**
+   * Learns from a readback of `batch` requested at `t0` that returned at `t1`. When it waited,
+   * the GPU finished at `t1`, so a lone submission gives its time (per step for decode); when it
+   * did not, the loop slept too long, and that estimate shrinks by a tenth.
+   */
+  learn(batch: readonly Paced[], t0: number, t1: number): void {
+    const sub = batch[0];
+    const units = sub?.o.prefill ? 1 : sub?.o.steps ?? 0;
+    if (batch.length === 1 && units > 0) {
+      const old = this.#ms.get(sub.work);
+      if (t1 - t0 > 0.5) {
+        const per = (t1 - Math.max(sub.submittedAt, this.#doneAt)) / units;
+        this.#ms.set(sub.work, old === undefined ? per : (old + per) / 2);
+      } else if (old !== undefined) this.#ms.set(sub.work, old * 0.9);
+    }
+    this.#doneAt = t1;
+  }
+}

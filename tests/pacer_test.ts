@@ -1,0 +1,61 @@
+/**
+ * Pacer: GPU times learnt from readbacks that waited, and the sleep they allow before the next
+ * wait. Times are given explicitly (ms), as the engine passes `performance.now()`.
+ */
+import assert from "node:assert/strict";
+import { PACE_MARGIN_MS, PACE_MIN_MS, type Paced, Pacer } from "../engine/pacer.ts";
+
+const decode = (width: number, steps: number, submittedAt: number): Paced => ({
+  work: `decode ${width}`,
+  submittedAt,
+  o: { steps },
+});
+const prefill = (rows: number, submittedAt: number): Paced => ({
+  work: `prefill ${rows}`,
+  submittedAt,
+  o: { steps: 1, prefill: true },
+});
+
+Deno.test("pacer: nothing measured, no sleep; a wait that blocked gives the time per step", () => {
+  const p = new Pacer();
+  const sub = decode(1, 32, 100);
+  assert.equal(p.sleepMs([sub], 100), 0);
+  // Requested at 110, returned at 141.6: the GPU ran the 32 steps from 100 to 141.6.
+  p.learn([sub], 110, 141.6);
+  assert.ok(Math.abs(p.estimate("decode 1")! - 1.3) < 1e-9);
+  // The next submission, submitted at 142 (the GPU was idle since 141.6): it should end at
+  // 142 + 41.6; at 150 the loop may sleep until the margin before that.
+  const next = decode(1, 32, 142);
+  assert.ok(Math.abs(p.sleepMs([next], 150) - (142 + 41.6 - 150 - PACE_MARGIN_MS)) < 1e-9);
+  // Too little left: wait now.
+  assert.equal(p.sleepMs([next], 142 + 41.6 - PACE_MIN_MS + 0.5), 0);
+  // Another width is unknown, so a batch that holds one is not paced.
+  assert.equal(p.sleepMs([next, decode(2, 4, 143)], 150), 0);
+});
+
+Deno.test("pacer: estimates average, shrink after a wait that did not block, skip batches", () => {
+  const p = new Pacer();
+  p.learn([decode(4, 10, 0)], 5, 20); // 2 ms per step
+  p.learn([decode(4, 10, 20)], 30, 50); // 3 ms: the average is 2.5
+  assert.ok(Math.abs(p.estimate("decode 4")! - 2.5) < 1e-9);
+  p.learn([decode(4, 10, 50)], 80, 80.2); // did not block: slept too long
+  assert.ok(Math.abs(p.estimate("decode 4")! - 2.25) < 1e-9);
+  // Two submissions in one wait: their share of the time is unknown, nothing learnt.
+  p.learn([decode(8, 4, 81), decode(8, 4, 82)], 83, 120);
+  assert.equal(p.estimate("decode 8"), undefined);
+  // A queued submission starts when the one before ends, not when it was submitted.
+  const a = decode(4, 10, 200), b = decode(4, 10, 201);
+  // Both known: a ends at 222.5, b at 245 (its own submit time is earlier).
+  assert.ok(Math.abs(p.sleepMs([a, b], 210) - (245 - 210 - PACE_MARGIN_MS)) < 1e-9);
+});
+
+Deno.test("pacer: prefill chunks are timed per chunk, with a tenth more margin", () => {
+  const p = new Pacer();
+  p.learn([prefill(512, 0)], 1, 35); // 35 ms for the chunk
+  assert.equal(p.estimate("prefill 512"), 35);
+  const chunk = prefill(512, 100);
+  assert.ok(Math.abs(p.sleepMs([chunk], 100) - (35 - 3.5 - PACE_MARGIN_MS)) < 1e-9);
+  // A prefill behind known decode steps: both count.
+  p.learn([decode(1, 8, 0)], 40, 50.4); // (50.4 - 35) / 8 per step, from when the prefill ended
+  assert.ok(Math.abs(p.estimate("decode 1")! - 15.4 / 8) < 1e-9);
+});

@@ -317,7 +317,6 @@ export class Engine implements EngineLike {
       this.#dropHeld();
     }).finally(() => {
       this.#running = false;
-      this.#sessions.startReads();
       if (this.#waiting.length) this.#kick();
     });
   }
@@ -374,7 +373,6 @@ export class Engine implements EngineLike {
       const t0 = performance.now();
       const dones = batch.map((sub) => sub.done);
       this.#pacer.learn(batch, t0, performance.now());
-      this.#sessions.startReads(); // the GPU is idle: their copies are done
       for (const d of dones) d.catch(() => {}); // awaited below, in order
       if (this.#held) this.#submitHeld();
       for (let i = 0; i < batch.length; i++) {
@@ -555,10 +553,8 @@ export class Engine implements EngineLike {
   }
 
   #cancel(seq: Sequence): void {
-    if (seq.slot >= 0) {
-      this.#finish(seq);
-      if (!this.#running) this.#sessions.startReads(); // no readback is coming
-    } else this.#kick();
+    if (seq.slot >= 0) this.#finish(seq);
+    else this.#kick();
   }
 
   /**

@@ -22,8 +22,6 @@ export interface SessionEntry {
 export class Sessions {
   readonly #map = new Map<string, SessionEntry>();
   readonly #snapshots = new Map<string, Promise<void>>();
-  /** Snapshot reads to request at the engine's next readback (see {@linkcode startReads}). */
-  readonly #pendingReads: (() => void)[] = [];
   /** Blocks of each session's last snapshot in the store (the warm tier, for metrics). */
   readonly #stored = new Map<string, number>();
 
@@ -73,18 +71,6 @@ export class Sessions {
     return [...this.#stored.values()].reduce((a, b) => a + b, 0);
   }
 
-  /**
-   * Requests the mappings of the snapshots copied since the last call. Deno's `mapAsync` blocks
-   * until the GPU has finished everything submitted, so requesting one inside `snapshot` (at the
-   * end of a turn, with the next decode submission on the GPU) stalled the host for that whole
-   * submission and then left the GPU idle while it caught up. The engine calls this right
-   * after a readback wait, when the copies are done and the requests return at once, and when
-   * its loop stops.
-   */
-  startReads(): void {
-    for (const start of this.#pendingReads.splice(0)) start();
-  }
-
   /** Resolves when every snapshot started so far is written. */
   async flush(): Promise<void> {
     await Promise.all(this.#snapshots.values());
@@ -107,8 +93,7 @@ export class Sessions {
 
   /**
    * Copies the session's blocks to the host (queued now, so later turns cannot change what is
-   * read) and writes them to the store; snapshots of one session are written in order. The
-   * mapping is requested at the engine's next {@linkcode startReads}.
+   * read) and writes them to the store; snapshots of one session are written in order.
    */
   snapshot(session: SessionEntry): void {
     if (!this.store) return;
@@ -126,10 +111,7 @@ export class Sessions {
       enc.copyBufferToBuffer(d.vPool, id * bb, staging, (2 * i + 1) * bb, bb);
     });
     dev.queue.submit([enc.finish()]);
-    const mapped = new Promise<void>((resolve, reject) => {
-      this.#pendingReads.push(() => staging.mapAsync(GPUMapMode.READ).then(resolve, reject));
-    });
-    const read = mapped.then(() => {
+    const read = staging.mapAsync(GPUMapMode.READ).then(() => {
       const all = new Uint8Array(staging.getMappedRange().slice(0));
       staging.unmap();
       staging.destroy();

@@ -103,7 +103,7 @@ var<workgroup> pt: array<vec4<f32>, TR * PS>; // [rg][j] P of rows rg + i TR (co
 var<workgroup> red: array<vec4<f32>, TR * RS>; // [rg][tc] partial row maxima; at the end sums
 var<workgroup> alpha: array<vec4<f32>, TR>; // [rg] this tile's rescale of the accumulators
 var<workgroup> blocks: array<u32, 2u * BPC>; // physical blocks of two tiles, by tile parity
-var<workgroup> chunk_wg: vec3<u32>; // chunk[0..3], read once, uniform to the workgroup
+var<workgroup> chunk_wg: vec3<u32>; // chunk[0], chunk[1], chunk[2], read once: uniform values
 
 // A thread's share of a K or V tile: items lid + i * WG (i < NT) of [j][d4], in named
 // fields rather than an array (see the header).

@@ -258,6 +258,32 @@ export async function makeTestModel(
   };
 }
 
+/**
+ * Writes a test model into a new temporary folder, runs `fn` on it, and removes the folder,
+ * whatever `fn` does.
+ *
+ * @param options model shape and dtype (see {@linkcode makeTestModel})
+ * @param fn what to do with the folder
+ * @example
+ * ```ts
+ * await withTestModel({ hidden: 64, heads: 2, kvHeads: 1 }, async (dir) => {
+ *   const engine = await Engine.load(dir, { maxSlots: 1 });
+ * });
+ * ```
+ */
+export async function withTestModel(
+  options: TestModelOptions,
+  fn: (dir: string) => Promise<void>,
+): Promise<void> {
+  const dir = await Deno.makeTempDir({ prefix: "strata-model-" });
+  try {
+    await makeTestModel(dir, options);
+    await fn(dir);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+}
+
 const USAGE = `usage: deno run -A scripts/make_test_model.ts --out DIR [--arch llama|mistral|qwen2]
   [--dtype f32|f16|bf16] [--hidden 64] [--layers 2] [--heads 4] [--kv-heads 2] [--head-dim N]
   [--ffn 128] [--vocab N] [--tie] [--seed 1] [--rope-theta 10000] [--rope-scaling llama3]

@@ -11,8 +11,24 @@ import { SessionStore } from "../engine/session_store.ts";
 import { sampling, type SamplingOptions } from "../engine/api.ts";
 import { loadModelFolder } from "../engine/model_folder.ts";
 import { logSoftmax, ReferenceModel, topMargin } from "../engine/reference_forward.ts";
-import { makeTestModel, type TestModelOptions } from "../scripts/make_test_model.ts";
+import { makeTestModel, type TestModelOptions, withTestModel } from "../scripts/make_test_model.ts";
 import { rng, testGpu } from "./util.ts";
+
+/** The small test models most engine tests run on. */
+const SMALL_MODEL: TestModelOptions = {
+  arch: "llama",
+  dtype: "f16",
+  hidden: 64,
+  heads: 2,
+  kvHeads: 1,
+};
+const MEDIUM_MODEL: TestModelOptions = {
+  arch: "llama",
+  dtype: "f16",
+  hidden: 128,
+  heads: 4,
+  kvHeads: 2,
+};
 
 const VARIANTS: [string, TestModelOptions][] = [
   ["llama f32 MQA tied hd64", {
@@ -80,9 +96,7 @@ async function collect(
 for (const [name, options] of VARIANTS) {
   Deno.test(`engine matches float64 reference: ${name}`, async () => {
     await testGpu();
-    const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });
-    try {
-      await makeTestModel(dir, options);
+    await withTestModel(options, async (dir) => {
       const engine = await Engine.load(dir, { maxSlots: 4, contextLength: 128, maxChunk: 32 });
       const ref = await ReferenceModel.load(await loadModelFolder(dir));
       const r = rng(11);
@@ -112,17 +126,13 @@ for (const [name, options] of VARIANTS) {
         `${name}: ${compared}/72 argmax checks (margin > 0.05), max |Δ logprob| ${worst}`,
       );
       assert.ok(compared >= 36, `too few decisive steps (${compared}): the test model is too flat`);
-    } finally {
-      await Deno.remove(dir, { recursive: true });
-    }
+    });
   });
 }
 
 Deno.test("engine with an f16 KV cache matches the reference with K and V rounded to f16", async () => {
   await testGpu();
-  const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });
-  try {
-    await makeTestModel(dir, { arch: "llama", dtype: "f16", hidden: 128, heads: 4, kvHeads: 2 });
+  await withTestModel(MEDIUM_MODEL, async (dir) => {
     const engine = await Engine.load(dir, {
       maxSlots: 2,
       contextLength: 128,
@@ -156,9 +166,7 @@ Deno.test("engine with an f16 KV cache matches the reference with K and V rounde
     // (what an f32 cache would give). The rest is f16 rounding of f32 (GPU) against float64
     // (reference) values at the rounding boundary.
     assert.ok(worst <= 6e-4, `|Δ logprob| ${worst} against the f16-rounded reference`);
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
+  });
 });
 
 Deno.test("sessions saved from an f32 KV cache come back into an f16 one, and the reverse", async () => {
@@ -166,7 +174,7 @@ Deno.test("sessions saved from an f32 KV cache come back into an f16 one, and th
   const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });
   try {
     const model = `${dir}/model`;
-    await makeTestModel(model, { arch: "llama", dtype: "f16", hidden: 64, heads: 2, kvHeads: 1 });
+    await makeTestModel(model, SMALL_MODEL);
     const prompt = Array.from({ length: 20 }, (_, i) => 30 + i);
     const opts = { maxSlots: 1, contextLength: 128 };
     for (const [from, to] of [["f32", "f16"], ["f16", "f32"]] as KvDtype[][]) {
@@ -204,9 +212,7 @@ Deno.test("sessions saved from an f32 KV cache come back into an f16 one, and th
 
 Deno.test("engine: the KV pool's size, by default a memory budget, and bad sizes refused", async () => {
   await testGpu();
-  const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });
-  try {
-    await makeTestModel(dir, { arch: "llama", dtype: "f16", hidden: 64, heads: 2, kvHeads: 1 });
+  await withTestModel(SMALL_MODEL, async (dir) => {
     const total = async (o: { kvDtype?: KvDtype; kvBlocks?: number }) =>
       (await Engine.load(dir, { maxSlots: 1, contextLength: 64, ...o })).kvStats().gpu.total;
     // 4096 blocks of f32 or 8192 of f16 (the same bytes), less the trash block.
@@ -219,16 +225,12 @@ Deno.test("engine: the KV pool's size, by default a memory budget, and bad sizes
     );
     assert.equal(parseKvDtype(undefined), "f32");
     assert.throws(() => parseKvDtype("bf16"), /--kv-dtype must be f32 or f16; got 'bf16'/);
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
+  });
 });
 
 Deno.test("engine: prefill launches are built per size class, for any slot and position", async () => {
   await testGpu();
-  const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });
-  try {
-    await makeTestModel(dir, { arch: "llama", dtype: "f16", hidden: 64, heads: 2, kvHeads: 1 });
+  await withTestModel(SMALL_MODEL, async (dir) => {
     const engine = await Engine.load(dir, { maxSlots: 2, contextLength: 512, maxChunk: 200 });
     const d = engine.decoder;
     assert.deepEqual(
@@ -248,20 +250,16 @@ Deno.test("engine: prefill launches are built per size class, for any slot and p
     const parts = await collect(chunked, prompt, greedy(6));
     assert.deepEqual(parts.tokens, whole.tokens);
     parts.logprobs.forEach((lp, i) => assert.ok(Math.abs(lp - whole.logprobs[i]) < 1e-4));
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
+  });
 });
 
 Deno.test("engine: timers and sockets get their turn while a generation runs", async () => {
   await testGpu();
-  const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });
   const server = Deno.serve(
     { hostname: "127.0.0.1", port: 0, onListen() {} },
     () => new Response("ok"),
   );
-  try {
-    await makeTestModel(dir, { arch: "llama", dtype: "f16", hidden: 64, heads: 2, kvHeads: 1 });
+  await withTestModel(SMALL_MODEL, async (dir) => {
     const engine = await Engine.load(dir, { maxSlots: 1, contextLength: 512, maxSteps: 16 });
     await engine.decoder.readback.ring.idle(); // its buffers are primed: every read is early
     // Readbacks resolve without a timer (engine/readback.ts); if the scheduler never returned
@@ -283,17 +281,12 @@ Deno.test("engine: timers and sockets get their turn while a generation runs", a
     assert.ok(f < 48, `the request was answered after ${f} tokens`);
     // Once K reached 16, the loop slept through most of each submission's GPU time.
     assert.ok(engine.hostStats().pacedMs > 0, "the loop never slept before a readback");
-  } finally {
-    await server.shutdown();
-    await Deno.remove(dir, { recursive: true });
-  }
+  }).finally(() => server.shutdown());
 });
 
 Deno.test("engine: tokens do not depend on batch composition or steps per submission", async () => {
   await testGpu();
-  const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });
-  try {
-    await makeTestModel(dir, { arch: "llama", dtype: "f16", hidden: 128, heads: 4, kvHeads: 2 });
+  await withTestModel(MEDIUM_MODEL, async (dir) => {
     const prompts = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [
       9,
     ]];
@@ -350,16 +343,12 @@ Deno.test("engine: tokens do not depend on batch composition or steps per submis
     const generated = alone.reduce((n, r) => n + r.tokens.length, 0);
     assert.ok(stats.steps >= generated, `${stats.steps} steps for ${generated} tokens`);
     assert.ok(stats.submissions >= stats.steps && stats.ms > 0, JSON.stringify(stats));
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
+  });
 });
 
 Deno.test("engine: idle sessions give their KV back when the pool runs out", async () => {
   await testGpu();
-  const dir = await Deno.makeTempDir({ prefix: "strata-engine-" });
-  try {
-    await makeTestModel(dir, { arch: "llama", dtype: "f16", hidden: 64, heads: 2, kvHeads: 1 });
+  await withTestModel(SMALL_MODEL, async (dir) => {
     // 7 blocks (block 0 is the trash block) of 16 tokens; one sequence may use 64 tokens.
     const engine = await Engine.load(dir, { maxSlots: 2, contextLength: 64, kvBlocks: 7 });
     const prompt = Array.from({ length: 40 }, (_, i) => 10 + i);
@@ -382,7 +371,5 @@ Deno.test("engine: idle sessions give their KV back when the pool runs out", asy
     const tokens = [];
     for await (const t of again) tokens.push(t.id);
     assert.equal(tokens.length, 8);
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
+  });
 });

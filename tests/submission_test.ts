@@ -6,7 +6,9 @@ import assert from "node:assert/strict";
 import { Engine } from "../engine/engine.ts";
 import { sampling } from "../engine/api.ts";
 import { Submission } from "../engine/submission.ts";
-import { makeTestModel } from "../scripts/make_test_model.ts";
+import { withTestModel } from "../scripts/make_test_model.ts";
+
+const SMALL_MODEL = { arch: "llama", dtype: "f16", hidden: 64, heads: 2, kvHeads: 1 } as const;
 import { bindGroup, pipeline } from "../kernels/dispatch.ts";
 import { fillRandomDispatch } from "../kernels/fill_random.ts";
 import { createStorage, readF32 } from "../engine/gpu.ts";
@@ -14,9 +16,7 @@ import { testGpu } from "./util.ts";
 
 Deno.test("submission: a GPU validation error rejects `done` with the GPU's message", async () => {
   const gpu = await testGpu();
-  const dir = await Deno.makeTempDir({ prefix: "strata-sub-" });
-  try {
-    await makeTestModel(dir, { arch: "llama", dtype: "f16", hidden: 64, heads: 2, kvHeads: 1 });
+  await withTestModel(SMALL_MODEL, async (dir) => {
     const engine = await Engine.load(dir, { maxSlots: 2, contextLength: 64 });
     // A real pipeline bound to a buffer too small for its uniform: invalid on every backend.
     const pipe = pipeline(gpu, "step.wgsl", { entryPoint: "step_begin", constants: { WG: 64 } });
@@ -46,16 +46,12 @@ Deno.test("submission: a GPU validation error rejects `done` with the GPU's mess
     let n = 0;
     for await (const _ of gen) n++;
     assert.equal(n, 4);
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
+  });
 });
 
 Deno.test("submission: a discarded submission never runs", async () => {
   const gpu = await testGpu();
-  const dir = await Deno.makeTempDir({ prefix: "strata-sub-" });
-  try {
-    await makeTestModel(dir, { arch: "llama", dtype: "f16", hidden: 64, heads: 2, kvHeads: 1 });
+  await withTestModel(SMALL_MODEL, async (dir) => {
     const engine = await Engine.load(dir, { maxSlots: 1, contextLength: 64 });
     const target = createStorage(gpu, 64 * 4);
     const fill = fillRandomDispatch(gpu, target, { count: 64, dtype: "f32", scale: 1, seed: 3 });
@@ -74,7 +70,5 @@ Deno.test("submission: a discarded submission never runs", async () => {
     kept.submit();
     await kept.done;
     assert.ok((await readF32(gpu, target, 64)).some((v) => v !== 0));
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
+  });
 });

@@ -37,6 +37,13 @@ function job(n: number): GPUCommandBuffer {
 function staging(): GPUBuffer {
   return d.createBuffer({ size: 16, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
 }
+/** Submits a job, then a copy of its first 16 bytes into `s`. */
+function jobInto(s: GPUBuffer): void {
+  d.queue.submit([job(4)]);
+  const e = d.createCommandEncoder();
+  e.copyBufferToBuffer(buf, 0, s, 0, 16);
+  d.queue.submit([e.finish()]);
+}
 // Warm up.
 d.queue.submit([job(1)]);
 await d.queue.onSubmittedWorkDone();
@@ -44,10 +51,7 @@ const now = () => performance.now();
 for (let rep = 0; rep < 3; rep++) {
   const s = staging();
   const t0 = now();
-  const e = d.createCommandEncoder();
-  d.queue.submit([job(4)]);
-  e.copyBufferToBuffer(buf, 0, s, 0, 16);
-  d.queue.submit([e.finish()]);
+  jobInto(s);
   const t1 = now();
   const p = s.mapAsync(GPUMapMode.READ);
   const t2 = now();
@@ -65,16 +69,10 @@ for (let rep = 0; rep < 3; rep++) {
 for (let rep = 0; rep < 3; rep++) {
   const s1 = staging(), s2 = staging();
   const t0 = now();
-  const e1 = d.createCommandEncoder();
-  d.queue.submit([job(4)]);
-  e1.copyBufferToBuffer(buf, 0, s1, 0, 16);
-  d.queue.submit([e1.finish()]);
+  jobInto(s1);
   const p1 = s1.mapAsync(GPUMapMode.READ);
   const t1 = now();
-  const e2 = d.createCommandEncoder();
-  d.queue.submit([job(4)]);
-  e2.copyBufferToBuffer(buf, 0, s2, 0, 16);
-  d.queue.submit([e2.finish()]);
+  jobInto(s2);
   const t2 = now();
   await p1;
   const t3 = now();
@@ -106,10 +104,7 @@ for (let rep = 0; rep < 3; rep++) {
   s.unmap();
   for (let rep = 0; rep < 3; rep++) {
     const t0 = now();
-    const e = d.createCommandEncoder();
-    d.queue.submit([job(4)]);
-    e.copyBufferToBuffer(buf, 0, s, 0, 16);
-    d.queue.submit([e.finish()]);
+    jobInto(s);
     const p = s.mapAsync(GPUMapMode.READ);
     const t1 = now();
     const v = new Float32Array(s.getMappedRange(0, 16).slice(0));

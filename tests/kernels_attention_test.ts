@@ -324,7 +324,15 @@ function acceptAnyTrashWriter(
 }
 
 const SINGLE = 1 << 30;
-const TINY = { nHeads: 32, nKvHeads: 4, headDim: 64 }; // TinyLlama's heads: GQA 8
+// Three splits of 16 keys at head dim 24, three slots.
+const THREE_SPLITS = {
+  nHeads: 4,
+  nKvHeads: 1,
+  headDim: 24,
+  seqLens: [33, 5, 50],
+  maxContext: 40,
+  splitSize: 16,
+};
 const RAGGED = [640, 1, 0, 77, 129, 16, 17, 300];
 for (
   const c of [
@@ -349,24 +357,22 @@ for (
     },
     { nHeads: 4, nKvHeads: 4, headDim: 128, seqLens: [130, 1, 17], done: [2], maxContext: 200 },
     // Three splits, yet every slot fits one chunk: splits 1 and 2 of the NaN scratch stay unread.
-    {
-      nHeads: 4,
-      nKvHeads: 1,
-      headDim: 24,
-      seqLens: [33, 5, 50],
-      maxContext: 40,
-      splitSize: 16,
-      ownScratch: true,
-    },
+    { ...THREE_SPLITS, ownScratch: true },
     // GQA 8, batch 8, ragged: one pass over up to 10 chunks, then 8 splits; one finished slot.
-    { ...TINY, seqLens: RAGGED, done: [3], maxContext: 640, splitSize: SINGLE },
-    { ...TINY, seqLens: RAGGED, done: [3], maxContext: 2048, llama3: true },
+    { ...TINY_HEADS, seqLens: RAGGED, done: [3], maxContext: 640, splitSize: SINGLE },
+    { ...TINY_HEADS, seqLens: RAGGED, done: [3], maxContext: 2048, llama3: true },
     // Batch 1, long contexts: 32 and 64 splits of one chunk; a slot far past maxContext.
-    { ...TINY, seqLens: [2001], maxContext: 2048, llama3: true },
-    { ...TINY, seqLens: [4096], maxContext: 4096 },
-    { ...TINY, seqLens: [1500, 3], maxContext: 512, ownScratch: true },
+    { ...TINY_HEADS, seqLens: [2001], maxContext: 2048, llama3: true },
+    { ...TINY_HEADS, seqLens: [4096], maxContext: 4096 },
+    { ...TINY_HEADS, seqLens: [1500, 3], maxContext: 512, ownScratch: true },
     // Small tiles: one q head per workgroup (8 workgroups per kv head), 32-key chunks.
-    { ...TINY, seqLens: [640, 1, 0, 77, 300], done: [4], maxContext: 640, maxTileBytes: 2560 },
+    {
+      ...TINY_HEADS,
+      seqLens: [640, 1, 0, 77, 300],
+      done: [4],
+      maxContext: 640,
+      maxTileBytes: 2560,
+    },
     // Group 5, and 10 q heads per kv head as two row groups; the new key is the last of chunk 0
     // (len 64) or the first of chunk 1 (len 65).
     { nHeads: 10, nKvHeads: 2, headDim: 64, seqLens: [200, 64, 65], maxContext: 256 },
@@ -392,17 +398,16 @@ for (
     },
     { nHeads: 4, nKvHeads: 2, headDim: 256, seqLens: [100, 37], maxContext: 128, splitSize: 64 },
     // An f16 cache: GQA 8 ragged in a single pass and split, head dim 24 (a pair straddles vec4s).
-    { ...TINY, seqLens: RAGGED, done: [3], maxContext: 640, splitSize: SINGLE, kvDtype: "f16" },
-    { ...TINY, seqLens: [640, 1, 0, 77, 300], done: [4], maxContext: 640, kvDtype: "f16" },
     {
-      nHeads: 4,
-      nKvHeads: 1,
-      headDim: 24,
-      seqLens: [33, 5, 50],
-      maxContext: 40,
-      splitSize: 16,
+      ...TINY_HEADS,
+      seqLens: RAGGED,
+      done: [3],
+      maxContext: 640,
+      splitSize: SINGLE,
       kvDtype: "f16",
     },
+    { ...TINY_HEADS, seqLens: [640, 1, 0, 77, 300], done: [4], maxContext: 640, kvDtype: "f16" },
+    { ...THREE_SPLITS, kvDtype: "f16" },
   ] as DecodeCase[]
 ) {
   const { nHeads, nKvHeads, headDim: D, seqLens } = c;

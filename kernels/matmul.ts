@@ -1,15 +1,21 @@
 /**
  * Linear layers: `y[m, n] (+)= Σ_k x[m, k] W[n, k] (+ bias[n])` with W in the Hugging Face
- * `[out, in]` layout and any weight dtype, x and y f32. Three kernels, picked by M:
+ * `[out, in]` layout and any weight dtype, x and y f32. Four kernels, picked by M and W's shape:
  *
  * - `small` (kernels/matmul_small.wgsl): decode batches, 1 ≤ M ≤ 32 (below 24 for products
- *   wider than deep), K a multiple of 8 (16-bit W) or 4 (f32 W).
+ *   wider than deep, below 12 for those `rows` takes), K a multiple of 8 (16-bit W) or 4 (f32 W).
  *   Register-blocked: a thread holds 4 rows of W × rm rows of x (rm ≤ 8), so each 16-byte load
  *   of W is applied to rm rows of x from registers and each load of x to 4 rows of W. Many
  *   small tiles, K split over the threads of a workgroup and reduced in workgroup memory;
  *   launch shape from {@linkcode smallTuning}.
- * - `tiled` (kernels/matmul.wgsl): prefill, M > 32, and the wider-than-deep products (QKV,
- *   gate/up, LM head) of decode batches from 24 rows (`WIDE_TILED_M`). Classic SGEMM register
+ * - `rows` (kernels/matmul_rows.wgsl): decode batches of 12–32 rows against 16-bit W at least
+ *   4 times wider than deep (gate/up, the LM head). A thread holds all rows of an 8-, 16- or
+ *   32-row tile for 4 columns: each 16-byte load of W (from global memory, never staged) is
+ *   widened once and applied to every row, whose x comes from workgroup memory as a broadcast.
+ *   Always two dispatches (K splits, then the `tiled` kernel's `reduce`); launch shape from
+ *   {@linkcode rowsTuning}.
+ * - `tiled` (kernels/matmul.wgsl): prefill, M > 32, and QKV (wider than deep) from 24 rows
+ *   (`WIDE_TILED_M`). Classic SGEMM register
  *   blocking: a workgroup owns a bm × bn tile of y (up to 128 × 128), a thread a tm × tn block
  *   of it (up to 8 × 8: 64 multiply-adds per 4 vec4 reads of workgroup memory), K in steps of
  *   bk staged through workgroup memory with the next step's 16-byte global loads in flight in
@@ -152,7 +158,7 @@ export function interleaveGateUp(
 }
 
 /** Which kernel computes a matmul; see the module doc. */
-export type MatmulPath = "small" | "tiled" | "naive";
+export type MatmulPath = "small" | "rows" | "tiled" | "naive";
 
 /**
  * Launch shape of the `small` kernel (defaults from {@linkcode smallTuning}). A workgroup has
@@ -242,6 +248,8 @@ export interface MatmulOptions {
    * choice, e.g. `{ bm: 128, bn: 128, tm: 8, tn: 8 }`.
    */
   tiled?: Partial<TiledTuning>;
+  /** Override the `rows` launch shape (benchmarks, tests), merged over {@linkcode rowsTuning}'s. */
+  rows?: Partial<RowsTuning>;
 }
 
 /**
@@ -265,8 +273,72 @@ const DECODE_TILE_M = 64;
  */
 const WIDE_TILED_M = 24;
 
+/**
+ * Rows of x for which products at least {@linkcode ROWS_WIDE} times wider than deep (gate/up,
+ * the LM head) with 16-bit W and K % 8 == 0 go to `rows`. H200, TinyLlama f16, µs per call with
+ * norm (and SwiGLU) folded, its `reduce` included (scripts/sweep_kernels.ts, 22 layers' weights
+ * per pass), against what served them before (`small` up to 23 rows, then `tiled`): gate/up at
+ * M = 16 39.8 (`small` 57.9), M = 32 67.9 (`tiled` 75.9); the LM head at M = 16 105 (149), M =
+ * 32 162 (168). At M = 8 the sweep had `rows` ahead too (gate/up 29.7 against 33.6), but in the
+ * engine's step the batch-8 step took 2 510 µs against 2 442 (the bench's profile, one pass), so
+ * `rows` starts at 12 rows, about where the sweep's lines cross. The bench, alternating builds in
+ * one session: batch 16 4 506–4 522 → 4 862–4 877 tok/s, batch 32 6 522–6 541 → 6 597–6 623.
+ * QKV, o and down (1.25 and fewer times wider than deep, or deeper) were as fast or faster in
+ * `small` and `tiled`.
+ */
+const ROWS_MIN_M = 12;
+const ROWS_MAX_M = 32;
+/** How much wider than deep (rows of W per column) a product must be for `rows`. */
+const ROWS_WIDE = 4;
+
+/**
+ * Launch shape of the `rows` kernel (kernels/matmul_rows.wgsl): a workgroup of `kl · cg`
+ * threads owns `r` rows of x by `4 · cg` product columns; `kl` threads split each 8 `kl`-wide
+ * stage of K; `splits` workgroups split K (the `reduce` dispatch adds them up).
+ */
+export interface RowsTuning {
+  /** Threads along K per column group: 4 or 8. */
+  kl: number;
+  /** Column groups (4 product columns each) per workgroup: at least `r / 2`. */
+  cg: number;
+  /** Rows of x per tile: 8, 16 or 32. */
+  r: number;
+  /** K splits (≥ 1). */
+  splits: number;
+}
+
+/** {@linkcode rowsTuning}'s shape on CPU adapters: 16 threads, little workgroup memory. */
+const ROWS_CPU: RowsTuning = { kl: 4, cg: 4, r: 8, splits: 1 };
+
+/**
+ * Default `rows` launch shape for `m` rows of x into `cols` product columns, `k` deep. H200,
+ * TinyLlama f16 (scripts/sweep_kernels.ts with norm and SwiGLU folded, µs per call with the
+ * reduce):
+ *
+ * - M ≤ 8 (only when forced: see `ROWS_MIN_M`): 8 rows, 8 lanes × 8 column groups, 2 splits:
+ *   gate/up 29.7, LM head 73.2 (16-row tiles: 38.7 and 98.3).
+ * - M ≤ 16: 16 rows, 4 lanes × 16 column groups, 4 splits: gate/up 39.8, LM head 105 (8-row
+ *   tiles: 48.3–51.7 and 119–129; 32-row tiles 74.4 and 185).
+ * - M ≤ 32: gate/up in tiles of 16 rows, 4 × 16, 2 splits: 67.9 (4 splits 71.1, 32-row tiles
+ *   77.3, 8-row tiles 79.3–88.7); the LM head (over 8 times wider than deep) in tiles of 32 rows,
+ *   4 × 32, 2 splits: 162 (16-row tiles 185–186).
+ *
+ * 16 lanes were slower everywhere (scripts/probe_rows.ts, without the fusions).
+ */
+export function rowsTuning(gpu: Gpu, opts: { m: number; cols: number; k: number }): RowsTuning {
+  if (isCpuAdapter(gpu)) return ROWS_CPU;
+  if (opts.m <= 8) return { kl: 8, cg: 8, r: 8, splits: 2 };
+  if (opts.m <= 16) return { kl: 4, cg: 16, r: 16, splits: 4 };
+  if (opts.cols > 8 * opts.k) return { kl: 4, cg: 32, r: 32, splits: 2 };
+  return { kl: 4, cg: 16, r: 16, splits: 2 };
+}
+
 /** The kernel {@linkcode matmulDispatches} picks for `m` rows of x times `w`. */
 export function matmulPath(m: number, w: WeightBuffer): MatmulPath {
+  if (
+    m >= ROWS_MIN_M && m <= ROWS_MAX_M && w.dtype !== "f32" && w.cols % 8 === 0 &&
+    w.rows >= ROWS_WIDE * w.cols
+  ) return "rows";
   if (m > SMALL_MAX_M) return "tiled";
   if (m >= WIDE_TILED_M && w.rows > w.cols) return "tiled";
   return w.cols % unitWidth(w.dtype) === 0 ? "small" : "naive";
@@ -614,6 +686,57 @@ export function matmulDispatches(
       workgroups: groups,
     }];
   }
+  if (path === "rows") {
+    const t = { ...rowsTuning(gpu, { m, cols, k }), ...opts.rows };
+    checkRows(gpu, label, t);
+    // K in whole stages (8 kl) per split; the partial sums must fit one binding.
+    const stage = 8 * t.kl;
+    const stages = Math.ceil(k / stage);
+    const fit = Math.floor(gpu.maxBinding / (m * (cols + 1) * 4));
+    const kspan = Math.ceil(stages / Math.max(1, Math.min(t.splits, stages, fit))) * stage;
+    const splits = Math.ceil(k / kspan);
+    const groups = grid(Math.ceil(m / t.r) * Math.ceil(cols / (4 * t.cg)) * splits);
+    const constants = { WDTYPE: WDTYPE[w.dtype], KL: t.kl, CG: t.cg, R: t.r, ...fusion };
+    const prelude = wgsl("matmul_common.wgsl");
+    const pipe = pipeline(gpu, "matmul_rows.wgsl", { prelude, constants });
+    // The same Params as matmul.wgsl: its `reduce` finishes from the same uniform.
+    const u = uniform(
+      gpu,
+      params([m, n, k, groups[0], yStride, yOffset, flags, eps, block, kspan, splits]),
+    );
+    const part = scratch(gpu, splits * m * (cols + 1) * 4);
+    const shape = `${t.r} rows ${t.kl}x${t.cg}` + (splits > 1 ? ` split ${splits}` : "");
+    const entries = [
+      at(0, u),
+      { binding: 1, resource: { buffer: x, size: ceil16(m * k * 4) } },
+      { binding: 2, resource: { buffer: w.buffer, size: ceil16(w.rows * k * BYTES[w.dtype]) } },
+      // nw is bound either way (the layout counts it when NORM is off).
+      {
+        binding: 4,
+        resource: normWeight ? { buffer: normWeight, size: ceil16(k * 4) } : { buffer: nw },
+      },
+      at(6, part),
+    ];
+    const reduce = pipeline(gpu, "matmul.wgsl", {
+      prelude,
+      constants: { WDTYPE: WDTYPE[w.dtype], SPLIT: 1, ...fusion },
+      entryPoint: "reduce",
+    });
+    return [{
+      label: `${label} ${shape}`,
+      pipeline: pipe,
+      bindGroup: gpu.device.createBindGroup({ layout: pipe.getBindGroupLayout(0), entries }),
+      workgroups: groups,
+    }, {
+      label: `${label} ${shape} reduce`,
+      pipeline: reduce,
+      bindGroup: gpu.device.createBindGroup({
+        layout: reduce.getBindGroupLayout(0),
+        entries: [at(0, u), at(3, bias), at(5, y), at(6, part)], // what `reduce` uses
+      }),
+      workgroups: grid(Math.ceil((m * n) / 256)),
+    }];
+  }
   if (path === "tiled") {
     const t = {
       ...tiledTuning(gpu, { m, cols, k, norm: !!normWeight, swiglu: !!opts.swiglu }),
@@ -713,12 +836,16 @@ function check(gpu: Gpu, buffers: MatmulBuffers, s: Shape): void {
   if (s.path === "small" && s.k % unitWidth(w.dtype) !== 0) {
     fail(where, `the small kernel needs K % ${unitWidth(w.dtype)} == 0`);
   }
+  if (s.path === "rows" && (w.dtype === "f32" || s.k % 8 !== 0)) {
+    fail(where, "the rows kernel needs 16-bit W and K % 8 == 0");
+  }
   if (s.swiglu && w.rows % 2 !== 0) fail(where, `swiglu needs gate/up rows; W has ${w.rows}`);
   if (s.swiglu && !(Number.isInteger(s.block) && s.block >= 1)) {
     fail(where, `swiglu block must be an integer >= 1; got ${s.block}`);
   }
   // The tiled kernel reads x, W and nw as 16-byte vectors: it needs the last one whole.
-  const whole = (bytes: number) => s.path === "tiled" ? ceil16(bytes) : Math.ceil(bytes / 4) * 4;
+  const whole = (bytes: number) =>
+    s.path === "tiled" || s.path === "rows" ? ceil16(bytes) : Math.ceil(bytes / 4) * 4;
   const wBytes = whole(w.rows * s.k * BYTES[w.dtype]);
   if (w.buffer.size < wBytes) fail(where, `W holds ${w.buffer.size} bytes; needs ${wBytes}`);
   if (wBytes > gpu.maxBinding) {
@@ -785,6 +912,20 @@ function checkTiled(gpu: Gpu, label: string, t: TiledTuning, dtype: DType): void
     );
   }
   checkWorkgroup(gpu, label, "tiled", threads, tiledBytes(t));
+}
+
+function checkRows(gpu: Gpu, label: string, t: RowsTuning): void {
+  if (![4, 8].includes(t.kl)) fail(label, `rows kl must be 4 or 8; got ${t.kl}`);
+  if (![8, 16, 32].includes(t.r)) fail(label, `rows r must be 8, 16 or 32; got ${t.r}`);
+  // A stage's x tile (r rows x 8 kl k) is staged by the kl cg threads, at most 4 vec4 each.
+  if (!(isPow2(t.cg) && t.cg >= t.r / 2)) {
+    fail(label, `rows cg must be a power of two >= r / 2; got ${t.cg}`);
+  }
+  if (!(Number.isInteger(t.splits) && t.splits >= 1)) {
+    fail(label, `rows splits must be an integer >= 1; got ${t.splits}`);
+  }
+  const ls = 8 * (t.r / 4 + 1) + 1;
+  checkWorkgroup(gpu, label, "rows", t.kl * t.cg, Math.max(2 * t.kl * ls, 4 * t.cg * t.kl) * 16);
 }
 
 /** Fails when a `kernel` workgroup of `threads` threads and `bytes` of memory is over the device's. */

@@ -14,6 +14,7 @@ import {
   matmulDispatches,
   type MatmulPath,
   matmulPath,
+  type RowsTuning,
   type SmallTuning,
   SWIGLU_BLOCK,
   uploadWeight,
@@ -58,6 +59,8 @@ interface FusedCase {
   accumulate?: boolean;
   /** A `small` launch shape other than the default. */
   small?: Partial<SmallTuning>;
+  /** A `rows` launch shape other than the default. */
+  rows?: Partial<RowsTuning>;
 }
 
 /** W on the GPU (interleaved with swiglu), its reference values, and a matching bias. */
@@ -120,6 +123,7 @@ async function checkFused(c: FusedCase, seed: number): Promise<void> {
     swiglu: c.swiglu,
     swigluBlock: c.block,
     small: c.small,
+    rows: c.rows,
   });
   assert.equal(matmulPath(m, w), c.path, `${ds[0].label} picked the wrong kernel`);
   await run(gpu, ds);
@@ -131,7 +135,8 @@ async function checkFused(c: FusedCase, seed: number): Promise<void> {
     : normWeight
     ? matmulNormRef(x.values, ref, { m, n, k, bias: biasRef, y, normWeight, eps: EPS })
     : matmulRef(x.values, ref, { m, n, k, bias: biasRef, y });
-  const shape = c.small ? ` ${JSON.stringify(c.small)}` : "";
+  const tuning = c.small ?? c.rows;
+  const shape = tuning ? ` ${JSON.stringify(tuning)}` : "";
   assertClose(`${ds[0].label}${c.block ? ` B=${c.block}` : ""}${shape}`, gotDense, want);
 }
 
@@ -158,6 +163,18 @@ const NORM_CASES: FusedCase[] = [
     small: { rm: 2, tm: 4, tn: 2, tk: 4 }, // row groups past M
   },
   // naive: K odd
+  // rows: 12 to 32 rows of x times a 16-bit W at least 4x wider than deep
+  { m: 12, n: 300, k: 64, dtype: "f16", path: "rows", norm: true, bias: true },
+  { m: 19, n: 600, k: 136, dtype: "bf16", path: "rows", norm: true, accumulate: true },
+  {
+    m: 32,
+    n: 900,
+    k: 200,
+    dtype: "f16",
+    path: "rows",
+    norm: true,
+    rows: { r: 16, kl: 4, cg: 8, splits: 3 },
+  },
   ...DTYPES.map((dtype): FusedCase => ({ m: 3, n: 101, k: 129, dtype, path: "naive", norm: true })),
   { m: 1, n: 33, k: 37, dtype: "bf16", path: "naive", norm: true, bias: true, accumulate: true },
   // tiled: M, N not multiples of the 64 x 64 tile (the other dtypes: the swiglu cases)
@@ -204,6 +221,31 @@ const SWIGLU_CASES: FusedCase[] = [
     norm: true,
     small: { rm: 8, tm: 2, tn: 4, tk: 16, unroll: 2 },
   },
+  // rows (gate/up rows = 2F >= 4K)
+  { m: 12, n: 150, k: 64, dtype: "f16", path: "rows", swiglu: true, norm: true },
+  {
+    m: 32,
+    n: 133,
+    k: 64,
+    dtype: "bf16",
+    path: "rows",
+    swiglu: true,
+    norm: true,
+    block: 4,
+    bias: true,
+    accumulate: true,
+  },
+  {
+    m: 17,
+    n: 130,
+    k: 64,
+    dtype: "f16",
+    path: "rows",
+    swiglu: true,
+    norm: true,
+    block: 32,
+    rows: { r: 8, kl: 8, cg: 4, splits: 2 },
+  },
   // naive
   ...DTYPES.map((dtype): FusedCase => ({
     m: 3,
@@ -239,7 +281,7 @@ const SWIGLU_CASES: FusedCase[] = [
   { m: 70, n: 37, k: 37, dtype: "bf16", path: "tiled", swiglu: true, norm: true, block: 32 },
 ];
 
-Deno.test("matmul + rmsnorm: small, naive and tiled kernels, all dtypes, bias and +=", async () => {
+Deno.test("matmul + rmsnorm: small, rows, naive and tiled kernels, all dtypes, bias and +=", async () => {
   let seed = 200;
   for (const c of NORM_CASES) await checkFused(c, seed++);
 });

@@ -15,6 +15,8 @@ import {
   matmulDispatches,
   type MatmulPath,
   matmulPath,
+  type RowsTuning,
+  rowsTuning,
   type SmallTuning,
   smallTuning,
   type TiledTuning,
@@ -121,6 +123,8 @@ interface MatmulCase {
   accumulate?: boolean;
   /** A `small` launch shape other than the default. */
   small?: Partial<SmallTuning>;
+  /** A `rows` launch shape other than the default. */
+  rows?: Partial<RowsTuning>;
 }
 
 async function checkMatmul(c: MatmulCase, seed: number): Promise<void> {
@@ -139,6 +143,7 @@ async function checkMatmul(c: MatmulCase, seed: number): Promise<void> {
     yStride: y0.at.stride,
     yOffset: y0.at.offset,
     small: c.small,
+    rows: c.rows,
   });
   assert.equal(matmulPath(m, w), c.path, `${ds[0].label} picked the wrong kernel`);
   await run(gpu, ds);
@@ -150,7 +155,8 @@ async function checkMatmul(c: MatmulCase, seed: number): Promise<void> {
     bias: bias?.values,
     y: c.accumulate ? denseRows(y0.values, y0.at) : undefined,
   });
-  assertClose(`${ds[0].label}${c.small ? ` ${JSON.stringify(c.small)}` : ""}`, gotDense, want);
+  const shape = c.small ?? c.rows;
+  assertClose(`${ds[0].label}${shape ? ` ${JSON.stringify(shape)}` : ""}`, gotDense, want);
 }
 
 const MATMUL_CASES: MatmulCase[] = [
@@ -174,10 +180,21 @@ const MATMUL_CASES: MatmulCase[] = [
   { m: 33, n: 37, k: 64, dtype: "f32", path: "tiled" },
   { m: 63, n: 37, k: 64, dtype: "f16", path: "tiled" },
   { m: 64, n: 33, k: 1032, dtype: "bf16", path: "tiled", bias: true },
-  // a product wider than deep (QKV, gate/up, LM head): tiled from 24 rows of x, small below
-  { m: 24, n: 300, k: 64, dtype: "f16", path: "tiled", bias: true },
-  { m: 23, n: 300, k: 64, dtype: "f16", path: "small" },
-  { m: 32, n: 600, k: 64, dtype: "f16", path: "tiled" }, // over 8x wider: the LM head's tiles
+  // a product wider than deep (QKV): tiled from 24 rows of x, small below
+  { m: 24, n: 200, k: 64, dtype: "f16", path: "tiled", bias: true },
+  { m: 23, n: 200, k: 64, dtype: "f16", path: "small" },
+  // at least 4x wider than deep (gate/up, the LM head), 16-bit W: rows from 12 to 32 rows of x
+  { m: 11, n: 300, k: 64, dtype: "f16", path: "small" },
+  { m: 12, n: 300, k: 64, dtype: "f16", path: "rows", bias: true },
+  { m: 13, n: 301, k: 72, dtype: "bf16", path: "rows", accumulate: true }, // partial groups
+  { m: 32, n: 600, k: 136, dtype: "f16", path: "rows" }, // a partial last stage of K
+  { m: 33, n: 600, k: 64, dtype: "f16", path: "tiled" },
+  { m: 32, n: 600, k: 64, dtype: "f32", path: "tiled" },
+  // rows, launch shapes other than the default: several row tiles and K splits (the last
+  // shorter), 8 lanes, the GPU's shapes
+  { m: 20, n: 900, k: 200, dtype: "f16", path: "rows", rows: { r: 8, kl: 4, cg: 4, splits: 3 } },
+  { m: 14, n: 520, k: 128, dtype: "bf16", path: "rows", rows: { r: 16, kl: 8, cg: 8, splits: 2 } },
+  { m: 31, n: 300, k: 64, dtype: "f16", path: "rows", rows: { r: 32, kl: 4, cg: 16, splits: 1 } },
   // small, launch shapes other than the default: a partial last row tile of several row
   // groups; more K lanes than units (idle lanes); one row per thread over several row tiles
   { m: 31, n: 101, k: 256, dtype: "f16", path: "small", small: { rm: 4, tm: 4, tn: 2, tk: 8 } },
@@ -198,7 +215,7 @@ const MATMUL_CASES: MatmulCase[] = [
   { m: 70, n: 1, k: 129, dtype: "bf16", path: "tiled" },
 ];
 
-Deno.test("matmul: small, naive and tiled kernels, all dtypes, awkward shapes", async () => {
+Deno.test("matmul: small, rows, naive and tiled kernels, all dtypes, awkward shapes", async () => {
   let seed = 100;
   for (const c of MATMUL_CASES) await checkMatmul(c, seed++);
 });
@@ -237,6 +254,20 @@ Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefil
   assert.equal(matmulPath(23, weight(2560, 2048)), "small");
   assert.equal(matmulPath(32, weight(2048, 5632)), "small");
   assert.equal(matmulPath(33, weight(2048, 2048)), "tiled");
+  // gate/up (5.5x wider) and the LM head (15.6x): rows from 12 to 32 rows of x, 16-bit W only
+  assert.equal(matmulPath(11, weight(11264, 2048)), "small");
+  assert.equal(matmulPath(12, weight(11264, 2048)), "rows");
+  assert.equal(matmulPath(32, weight(32000, 2048)), "rows");
+  assert.equal(matmulPath(33, weight(11264, 2048)), "tiled");
+  assert.equal(matmulPath(16, { ...weight(11264, 2048), dtype: "f32" }), "small");
+  assert.deepEqual(rowsTuning(h200, { m: 8, cols: 11264, k: 2048 }), {
+    kl: 8,
+    cg: 8,
+    r: 8,
+    splits: 2,
+  });
+  assert.equal(rowsTuning(h200, { m: 32, cols: 11264, k: 2048 }).r, 16);
+  assert.equal(rowsTuning(h200, { m: 32, cols: 32000, k: 2048 }).r, 32);
   const splits = (m: number, cols: number, k: number, norm = false, swiglu = false) =>
     tiledTuning(h200, { m, cols, k, norm, swiglu }).splits;
   // 40 tiles of 32 x 64 for QKV at M = 32: 8 splits of 16 steps; gate/up's 176 tiles: 2; QKV's
@@ -558,6 +589,19 @@ Deno.test("matmul: refuses shapes it cannot serve, with the sizes in the message
     () => matmulDispatches(gpu, { x: x148, w, y }, { m: 1, path: "tiled" }),
     /x holds 148 bytes; needs 160/,
   );
+  // rows: 16-bit W, K % 8 == 0, and a launch shape it can stage
+  const w300 = uploadWeight(gpu, new Float64Array(300 * 64), { rows: 300, cols: 64, dtype: "f16" });
+  const y300 = createStorage(gpu, 8 * 300 * 4);
+  assert.throws(
+    () => matmulDispatches(gpu, { x, w, y }, { m: 1, path: "rows" }),
+    /rows kernel needs 16-bit W and K % 8 == 0/,
+  );
+  const badRows = (rows: Partial<RowsTuning>) => () =>
+    matmulDispatches(gpu, { x: x64, w: w300, y: y300 }, { m: 8, path: "rows", rows });
+  assert.throws(badRows({ kl: 2 }), /rows kl must be 4 or 8; got 2/);
+  assert.throws(badRows({ r: 12 }), /rows r must be 8, 16 or 32; got 12/);
+  assert.throws(badRows({ r: 32, cg: 8 }), /rows cg must be a power of two >= r \/ 2; got 8/);
+  assert.throws(badRows({ splits: 0 }), /rows splits must be an integer >= 1; got 0/);
   const badTiled = (tiled: Partial<TiledTuning>) => () =>
     matmulDispatches(gpu, { x: x64, w: w64, y: y8 }, { m: 8, path: "tiled", tiled });
   assert.throws(badTiled({ bm: 48 }), /tiled bm and bn must be 16, 32, 64 or 128; got 48 and/);

@@ -282,7 +282,10 @@ const WIDE_TILED_M = 24;
  * 32 162 (168). At M = 8 the sweep had `rows` ahead too (gate/up 29.7 against 33.6), but in the
  * engine's step the batch-8 step took 2 510 µs against 2 442 (the bench's profile, one pass), so
  * `rows` starts at 12 rows, about where the sweep's lines cross. The bench, alternating builds in
- * one session: batch 16 4 506–4 522 → 4 862–4 877 tok/s, batch 32 6 522–6 541 → 6 597–6 623.
+ * one session (tok/s, without → with `rows`): batch 8 3 208–3 210 → 3 204–3 208, 12 3 456–3 463 →
+ * 3 619–3 624, 16 4 479–4 481 → 4 767–4 770, 32 6 365–6 366 → 6 436–6 447; in another, rows up to
+ * 16 → up to 32: batch 20 3 596–3 598 → 3 982, 24 4 582–4 583 → 4 525–4 533 (the one loss), 28
+ * 5 393–5 400 → 5 480–5 485, 32 6 366–6 374 → 6 474–6 484.
  * QKV, o and down (1.25 and fewer times wider than deep, or deeper) were as fast or faster in
  * `small` and `tiled`.
  */

@@ -422,9 +422,27 @@ export class Engine implements EngineLike {
       const slot = this.#slots.findIndex((s) => s === undefined);
       if (slot < 0) return;
       const total = seq.blocks.tokens.length + seq.sampling.maxTokens;
-      const need = Math.ceil(total / BLOCK) - seq.blocks.table.length;
-      if (need > this.pool.freeCount) this.#sessions.evict(need);
-      if (need > this.pool.freeCount) return;
+      const need = () => Math.ceil(total / BLOCK) - seq.blocks.table.length;
+      if (need() > this.pool.freeCount) this.#sessions.evict(need());
+      if (need() > this.pool.freeCount) {
+        // Running sequences will give blocks back (to the pool, or to their sessions, which
+        // then become idle and evictable).
+        if (this.#slots.some((s) => s) || this.#inflight.length) return;
+        // Nothing runs: the rest is held by sessions whose next turns wait behind this one.
+        // Without this they and it would wait for each other forever; their turns prefill
+        // their whole prompts instead, newest first.
+        for (const other of this.#waiting.slice(1).reverse()) {
+          if (need() <= this.pool.freeCount) break;
+          other.dropKv();
+        }
+        if (need() > this.pool.freeCount) {
+          this.#waiting.shift();
+          seq.fail(new Error(`internal error: the KV pool cannot hold ${total} tokens`));
+          seq.blocks.free();
+          this.#sessions.abandon(seq.request.sessionId);
+          continue;
+        }
+      }
       this.#waiting.shift();
       seq.blocks.reserve(total);
       seq.slot = slot;

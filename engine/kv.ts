@@ -205,4 +205,11 @@ export class SequenceBlocks {
   free(): void {
     this.truncate(0);
   }
+
+  /** Releases every block but keeps the tokens: their KV will be computed again. */
+  dropKv(): void {
+    const tokens = this.tokens.slice();
+    this.truncate(0);
+    this.tokens.push(...tokens);
+  }
 }

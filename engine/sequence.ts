@@ -57,7 +57,7 @@ export class Sequence {
   #ttft = 0;
   #resolve!: (r: GenerationResult) => void;
   #reject!: (e: unknown) => void;
-  readonly #cached: number;
+  #cached: number;
   readonly #onCancel: (seq: Sequence) => void;
 
   constructor(init: SequenceInit) {
@@ -129,6 +129,15 @@ export class Sequence {
   }
 
   /** Ends the stream with an error (GPU failure). */
+  /**
+   * Gives the KV blocks of a sequence still waiting for admission back to the pool; its prompt
+   * is then prefilled in full (and reported as not cached).
+   */
+  dropKv(): void {
+    this.blocks.dropKv();
+    this.#cached = 0;
+  }
+
   fail(error: unknown): void {
     if (this.finished) return;
     this.finished = true;

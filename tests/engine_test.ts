@@ -346,6 +346,42 @@ Deno.test("engine: tokens do not depend on batch composition or steps per submis
   });
 });
 
+Deno.test("engine: sessions whose turns wait behind a request give their KV back when nothing runs", async () => {
+  await testGpu();
+  await withTestModel(SMALL_MODEL, async (dir) => {
+    // 8 usable blocks, one slot. Sessions a and b hold 3 blocks each and their second turns
+    // queue behind c's first, which needs 3 of the 2 left: before, the three waited for each
+    // other forever, and the scheduler spun without yielding to the event loop.
+    const engine = await Engine.load(dir, { maxSlots: 1, contextLength: 96, kvBlocks: 9 });
+    const prompt = (seed: number) =>
+      Array.from({ length: 32 }, (_, i) => 10 + ((i * 7 + seed) % 90));
+    const turns = new Map<string, { tokens: number[]; cached: number; prompt: number[] }>();
+    const session = async (id: string, seed: number) => {
+      const first = prompt(seed);
+      const a = await collect(engine, first, greedy(8), id);
+      const second = [...first, ...a.tokens, ...prompt(seed + 50).slice(0, 16)];
+      const b = await collect(engine, second, greedy(8), id);
+      turns.set(id, { tokens: b.tokens, cached: b.result.cachedTokens, prompt: second });
+    };
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const stuck = new Promise((_, reject) => {
+      timer = setTimeout(() => reject(new Error("the sessions deadlocked")), 60_000);
+    });
+    try {
+      await Promise.race([Promise.all([session("a", 1), session("b", 2), session("c", 3)]), stuck]);
+    } finally {
+      clearTimeout(timer);
+    }
+    assert.equal(turns.get("b")?.cached, 0, "b's queued turn gave its KV back");
+    assert.ok(turns.get("a")!.cached > 0, "a's kept it");
+    // Every second turn gives what it gives on an engine with room to spare.
+    const roomy = await Engine.load(dir, { maxSlots: 1, contextLength: 96 });
+    for (const [id, t] of turns) {
+      assert.deepEqual((await collect(roomy, t.prompt, greedy(8))).tokens, t.tokens, id);
+    }
+  });
+});
+
 Deno.test("engine: idle sessions give their KV back when the pool runs out", async () => {
   await testGpu();
   await withTestModel(SMALL_MODEL, async (dir) => {

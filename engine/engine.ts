@@ -30,7 +30,7 @@ import { Sequence } from "./sequence.ts";
 import { Submission } from "./submission.ts";
 import { Pacer } from "./pacer.ts";
 import type { SessionStore } from "./session_store.ts";
-import { Sessions } from "./sessions.ts";
+import { Sessions, type SnapshotStats } from "./sessions.ts";
 import { packSampleParams, SAMPLE_PARAMS_BYTES } from "../kernels/sample.ts";
 
 /** Options for {@linkcode Engine.load}. */
@@ -236,7 +236,13 @@ export class Engine implements EngineLike {
 
   /** Resolves when every session snapshot started so far is written. */
   flushSnapshots(): Promise<void> {
+    if (!this.#running) this.#sessions.startReads();
     return this.#sessions.flush();
+  }
+
+  /** KV blocks session snapshots have copied from the GPU, and reused from earlier snapshots. */
+  snapshotStats(): SnapshotStats {
+    return this.#sessions.snapshotStats();
   }
 
   /**
@@ -317,6 +323,7 @@ export class Engine implements EngineLike {
       this.#dropHeld();
     }).finally(() => {
       this.#running = false;
+      this.#sessions.startReads(); // no readback round is coming to request them
       if (this.#waiting.length) this.#kick();
     });
   }
@@ -373,6 +380,7 @@ export class Engine implements EngineLike {
       const t0 = performance.now();
       const dones = batch.map((sub) => sub.done);
       this.#pacer.learn(batch, t0, performance.now());
+      this.#sessions.startReads(); // the GPU is idle: snapshot copies are done, maps return at once
       for (const d of dones) d.catch(() => {}); // awaited below, in order
       if (this.#held) this.#submitHeld();
       for (let i = 0; i < batch.length; i++) {
@@ -571,8 +579,10 @@ export class Engine implements EngineLike {
   }
 
   #cancel(seq: Sequence): void {
-    if (seq.slot >= 0) this.#finish(seq);
-    else this.#kick();
+    if (seq.slot >= 0) {
+      this.#finish(seq);
+      if (!this.#running) this.#sessions.startReads(); // no readback round is coming
+    } else this.#kick();
   }
 
   /**

@@ -30,6 +30,12 @@ export interface SessionManifest {
   updatedAt: number;
 }
 
+/**
+ * A block a snapshot has already written: its manifest entry. A later snapshot of the same
+ * tokens passes it instead of the bytes (chunks are never deleted, so it stays valid).
+ */
+export type ChunkRef = SessionManifest["blocks"][number];
+
 /** A restored session: its manifest and the raw K‖V bytes of each block that verified. */
 export interface RestoredSession {
   manifest: SessionManifest;
@@ -46,15 +52,20 @@ export class SessionStore {
   }
 
   /**
-   * Writes a session: its block chunks (each K‖V block byte array), then its manifest in one
-   * atomic commit.
+   * Writes a session: its block chunks (each K‖V block byte array, or a {@linkcode ChunkRef} to
+   * one an earlier snapshot wrote), then its manifest in one atomic commit. Returns the
+   * manifest's block entries.
    */
   async save(
     m: Omit<SessionManifest, "blocks" | "version">,
-    blocks: Uint8Array[],
-  ): Promise<void> {
-    const entries: SessionManifest["blocks"] = [];
+    blocks: (Uint8Array | ChunkRef)[],
+  ): Promise<ChunkRef[]> {
+    const entries: ChunkRef[] = [];
     for (const raw of blocks) {
+      if (!(raw instanceof Uint8Array)) {
+        entries.push(raw);
+        continue;
+      }
       const hash = hasher.h64Raw(raw).toString(16).padStart(16, "0");
       const packed = deflateSync(raw, { level: 1 });
       const parts = Math.max(1, Math.ceil(packed.byteLength / PART));
@@ -69,6 +80,7 @@ export class SessionStore {
     const manifest: SessionManifest = { ...m, version: 1, blocks: entries };
     const r = await this.kv.atomic().set(["session", m.id], manifest).commit();
     if (!r.ok) throw new Error(`internal error: snapshot of session '${m.id}' did not commit`);
+    return entries;
   }
 
   /** Manifests of every stored session, newest first. */

@@ -9,7 +9,7 @@ import { blockBytes } from "./forward.ts";
 import type { KvDtype } from "./dtype.ts";
 import { BLOCK, type BlockPool, SequenceBlocks } from "./kv.ts";
 import { SessionBusyError } from "./errors.ts";
-import type { SessionStore } from "./session_store.ts";
+import type { ChunkRef, SessionStore } from "./session_store.ts";
 
 /** One session: what the API reports, its blocks, and whether a request is using it. */
 export interface SessionEntry {
@@ -18,12 +18,31 @@ export interface SessionEntry {
   busy: boolean;
 }
 
+/** What the store holds of a session: its last committed snapshot. */
+interface Committed {
+  tokens: Uint32Array;
+  computed: number;
+  kv: KvDtype;
+  blocks: ChunkRef[];
+}
+
+/** Blocks snapshots have copied from the GPU and written, and those they took from the store. */
+export interface SnapshotStats {
+  blocksCopied: number;
+  blocksReused: number;
+}
+
 /** The session table of one engine. */
 export class Sessions {
   readonly #map = new Map<string, SessionEntry>();
   readonly #snapshots = new Map<string, Promise<void>>();
   /** Blocks of each session's last snapshot in the store (the warm tier, for metrics). */
   readonly #stored = new Map<string, number>();
+  /** Each session's last committed snapshot: the blocks a later one may reuse. */
+  readonly #committed = new Map<string, Committed>();
+  /** Snapshot reads to request at the engine's next readback (see {@linkcode startReads}). */
+  readonly #pendingReads: (() => void)[] = [];
+  readonly #stats: SnapshotStats = { blocksCopied: 0, blocksReused: 0 };
 
   constructor(
     readonly decoder: Decoder,
@@ -54,6 +73,7 @@ export class Sessions {
     await this.#snapshots.get(id);
     await this.store?.delete(id);
     this.#stored.delete(id);
+    this.#committed.delete(id);
     return true;
   }
 
@@ -69,6 +89,23 @@ export class Sessions {
   /** Blocks held by snapshots in the store. */
   storedBlocks(): number {
     return [...this.#stored.values()].reduce((a, b) => a + b, 0);
+  }
+
+  /** Blocks snapshots have copied and reused so far. */
+  snapshotStats(): SnapshotStats {
+    return { ...this.#stats };
+  }
+
+  /**
+   * Requests the mappings of the snapshots copied since the last call. Deno's `mapAsync` blocks
+   * until the GPU has finished everything submitted, so requesting one inside `snapshot` (at the
+   * end of a turn, with the next decode submission on the GPU) stalled the host for that whole
+   * submission and then left the GPU idle while it caught up. The engine calls this right after
+   * a readback wait, when the copies are done and the requests return at once, and whenever its
+   * loop is not running.
+   */
+  startReads(): void {
+    for (const start of this.#pendingReads.splice(0)) start();
   }
 
   /** Resolves when every snapshot started so far is written. */
@@ -92,8 +129,11 @@ export class Sessions {
   }
 
   /**
-   * Copies the session's blocks to the host (queued now, so later turns cannot change what is
-   * read) and writes them to the store; snapshots of one session are written in order.
+   * Writes the session to the store: the blocks its last committed snapshot already holds for the
+   * same tokens are reused, the others are copied from the GPU (queued now, so later turns cannot
+   * change what is read; mapped at the engine's next {@linkcode startReads}) and written as new
+   * chunks. A turn thus copies and compresses the blocks it added, not the whole session.
+   * Snapshots of one session are written in order.
    */
   snapshot(session: SessionEntry): void {
     if (!this.store) return;
@@ -101,33 +141,44 @@ export class Sessions {
     const d = this.decoder, kv = d.opts.kvDtype, bb = blockBytes(d.cfg, kv), dev = d.gpu.device;
     const n = Math.ceil(blocks.computed / BLOCK);
     const tokens = Uint32Array.from(blocks.tokens), computed = blocks.computed;
-    const staging = dev.createBuffer({
-      size: Math.max(16, 2 * n * bb),
-      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-    });
-    const enc = dev.createCommandEncoder();
-    blocks.table.slice(0, n).forEach((id, i) => {
-      enc.copyBufferToBuffer(d.kPool, id * bb, staging, 2 * i * bb, bb);
-      enc.copyBufferToBuffer(d.vPool, id * bb, staging, (2 * i + 1) * bb, bb);
-    });
-    dev.queue.submit([enc.finish()]);
-    const read = staging.mapAsync(GPUMapMode.READ).then(() => {
-      const all = new Uint8Array(staging.getMappedRange().slice(0));
-      staging.unmap();
-      staging.destroy();
-      return Array.from({ length: n }, (_, i) => all.subarray(2 * i * bb, 2 * (i + 1) * bb));
-    });
+    const reused = reusable(this.#committed.get(info.id), tokens, computed, kv);
+    const copied = blocks.table.slice(reused.length, n);
+    this.#stats.blocksReused += reused.length;
+    this.#stats.blocksCopied += copied.length;
+    let read: Promise<Uint8Array[]> = Promise.resolve([]);
+    if (copied.length) {
+      const staging = dev.createBuffer({
+        size: 2 * copied.length * bb,
+        usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+      });
+      const enc = dev.createCommandEncoder();
+      copied.forEach((id, i) => {
+        enc.copyBufferToBuffer(d.kPool, id * bb, staging, 2 * i * bb, bb);
+        enc.copyBufferToBuffer(d.vPool, id * bb, staging, (2 * i + 1) * bb, bb);
+      });
+      dev.queue.submit([enc.finish()]);
+      const mapped = new Promise<void>((resolve, reject) => {
+        this.#pendingReads.push(() => staging.mapAsync(GPUMapMode.READ).then(resolve, reject));
+      });
+      read = mapped.then(() => {
+        const all = new Uint8Array(staging.getMappedRange().slice(0));
+        staging.unmap();
+        staging.destroy();
+        return copied.map((_, i) => all.subarray(2 * i * bb, 2 * (i + 1) * bb));
+      });
+    }
     const previous = this.#snapshots.get(info.id) ?? Promise.resolve();
     const { createdAt, updatedAt } = info;
     const write = Promise.all([read, previous])
       .then(([data]) =>
         store.save(
           { id: info.id, model: this.modelId, tokens, computed, kv, createdAt, updatedAt },
-          data,
+          [...reused, ...data],
         )
       )
-      .then(() => {
+      .then((entries) => {
         info.persistedAt = Date.now();
+        this.#committed.set(info.id, { tokens, computed, kv, blocks: entries });
         if (this.#map.has(info.id)) this.#stored.set(info.id, n);
       })
       .catch((e) => console.error(`strata: snapshot of session '${info.id}' failed: ${e}`));
@@ -147,6 +198,9 @@ export class Sessions {
       const blocks = new SequenceBlocks(this.pool);
       this.#map.set(m.id, { info, blocks, busy: false });
       this.#stored.set(m.id, m.blocks.length);
+      // The next snapshot may reuse these chunks; restore verifies them before it relies on any.
+      const kvOf = m.kv ?? "f32";
+      this.#committed.set(m.id, { tokens: m.tokens, computed: m.computed, kv: kvOf, blocks: [] });
       if (this.pool.freeCount - m.blocks.length < this.pool.blocks.length / 2) continue;
       const { blocks: saved } = await this.store.restore(m);
       const data = saved.map((raw) => convertBlock(raw, m.kv ?? "f32", kv));
@@ -163,8 +217,32 @@ export class Sessions {
       blocks.markComputed(Math.min(m.computed, data.length * BLOCK));
       blocks.truncate(m.tokens.length);
       Object.assign(info, { tokens: blocks.computed, persistedAt: m.updatedAt });
+      this.#committed.set(m.id, {
+        tokens: m.tokens,
+        computed: Math.min(m.computed, data.length * BLOCK),
+        kv: kvOf,
+        blocks: m.blocks.slice(0, data.length),
+      });
     }
   }
+}
+
+/**
+ * The leading blocks of a committed snapshot that a new snapshot of `tokens` (KV computed for
+ * `computed` of them, in a cache of `kv`) can reuse: whole blocks of the same tokens, written
+ * in the same dtype. A block's K and V depend only on the tokens up to its end.
+ */
+function reusable(
+  c: Committed | undefined,
+  tokens: Uint32Array,
+  computed: number,
+  kv: KvDtype,
+): ChunkRef[] {
+  if (!c || c.kv !== kv) return [];
+  const whole = Math.min(Math.floor(c.computed / BLOCK), Math.floor(computed / BLOCK));
+  let same = 0;
+  while (same < whole * BLOCK && c.tokens[same] === tokens[same]) same++;
+  return c.blocks.slice(0, Math.floor(same / BLOCK));
 }
 
 /** A block's K‖V bytes as a cache of `to` holds them, from a cache of `from` (little-endian). */

@@ -210,6 +210,56 @@ Deno.test("sessions saved from an f32 KV cache come back into an f16 one, and th
   }
 });
 
+Deno.test("session snapshots copy only the blocks a turn added, and restore the whole session", async () => {
+  await testGpu();
+  await withTestModel(SMALL_MODEL, async (model) => {
+    const dir = await Deno.makeTempDir({ prefix: "strata-snap-" });
+    try {
+      const path = `${dir}/s.sqlite3`;
+      const opts = { maxSlots: 2, contextLength: 256 };
+      let store = await SessionStore.open(path);
+      const a = await Engine.load(model, { ...opts, store });
+      const prompt = Array.from({ length: 40 }, (_, i) => 30 + i);
+      const first = await collect(a, prompt, greedy(9), "s");
+      await a.flushSnapshots();
+      // 48 tokens hold KV for 48: blocks 0-2, all copied.
+      assert.deepEqual(a.snapshotStats(), { blocksCopied: 3, blocksReused: 0 });
+      const turn2 = [...prompt, ...first.tokens, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14];
+      const second = await collect(a, turn2, greedy(8), "s");
+      await a.flushSnapshots();
+      // 65 tokens, KV for 65: blocks 0-4; 0-2 were whole in the first snapshot.
+      assert.deepEqual(a.snapshotStats(), { blocksCopied: 5, blocksReused: 3 });
+      // A turn that rewrites history (another second-turn prompt): only block 0 still matches.
+      const other = [...prompt.slice(0, 20), 99, 98, 97];
+      const said = (await collect(a, other, greedy(4), "s")).tokens;
+      await a.flushSnapshots();
+      assert.deepEqual(a.snapshotStats(), { blocksCopied: 6, blocksReused: 4 });
+      store.close();
+
+      // After a restart the session comes back whole: its next turn gives what the same turn
+      // gives on an engine that never stopped.
+      store = await SessionStore.open(path);
+      const b = await Engine.load(model, { ...opts, store });
+      assert.equal(b.session("s")?.tokens, 26);
+      const turn3 = [...other, ...said, ...Array.from({ length: 40 }, (_, i) => 200 + i)];
+      const resumed = await collect(b, turn3, greedy(6), "s");
+      assert.equal(resumed.result.cachedTokens, 26);
+      await b.flushSnapshots();
+      // 73 tokens, KV for 72: block 0 (whole among the 26 restored tokens) is reused, 1-4 new.
+      assert.deepEqual(b.snapshotStats(), { blocksCopied: 4, blocksReused: 1 });
+      store.close();
+      const fresh = await collect(await Engine.load(model, opts), turn3, greedy(6));
+      assert.deepEqual(resumed.tokens, fresh.tokens);
+      store = await SessionStore.open(path);
+      const c = await Engine.load(model, { ...opts, store });
+      assert.equal(c.session("s")?.tokens, turn3.length + 5, "the last snapshot, whole");
+      store.close();
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  });
+});
+
 Deno.test("engine: the KV pool's size, by default a memory budget, and bad sizes refused", async () => {
   await testGpu();
   await withTestModel(SMALL_MODEL, async (dir) => {

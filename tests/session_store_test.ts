@@ -49,3 +49,38 @@ Deno.test("session store: blocks round-trip, and a corrupt chunk keeps the valid
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("session store: a later snapshot reuses chunks by reference and writes only new ones", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "strata-store-" });
+  const store = await SessionStore.open(join(dir, "s.sqlite"));
+  try {
+    const blocks = [block(4, 100_000), block(5, 100_000), block(6, 100_000)];
+    const meta = { id: "s", model: "m", computed: 40, createdAt: 1, updatedAt: 2 };
+    const tokens = Uint32Array.from({ length: 41 }, (_, i) => i);
+    const first = await store.save({ ...meta, tokens }, blocks.slice(0, 2));
+    assert.equal(first.length, 2);
+    const chunks = async () => {
+      let n = 0;
+      for await (const _ of store.kv.list({ prefix: ["chunk"] })) n++;
+      return n;
+    };
+    const before = await chunks();
+    // The next turn: the first block by reference, the second rewritten, a third new.
+    const longer = Uint32Array.from({ length: 60 }, (_, i) => i);
+    const second = await store.save(
+      { ...meta, tokens: longer, computed: 59, updatedAt: 3 },
+      [first[0], blocks[1], blocks[2]],
+    );
+    assert.deepEqual(second[0], first[0]);
+    assert.deepEqual(second[1], first[1], "the same bytes name the same chunk");
+    assert.equal(await chunks(), before + second[2].parts, "only the new block was written");
+    const [m] = await store.list("m");
+    assert.equal(m.computed, 59);
+    const back = await store.restore(m);
+    assert.equal(back.blocks.length, 3);
+    back.blocks.forEach((b, i) => assert.deepEqual(b, blocks[i]));
+  } finally {
+    store.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+});

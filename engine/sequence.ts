@@ -128,7 +128,6 @@ export class Sequence {
     this.#onCancel(this);
   }
 
-  /** Ends the stream with an error (GPU failure). */
   /**
    * Gives the KV blocks of a sequence still waiting for admission back to the pool; its prompt
    * is then prefilled in full (and reported as not cached).
@@ -138,6 +137,7 @@ export class Sequence {
     this.#cached = 0;
   }
 
+  /** Ends the stream with an error (GPU failure). */
   fail(error: unknown): void {
     if (this.finished) return;
     this.finished = true;

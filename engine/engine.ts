@@ -251,6 +251,8 @@ export class Engine implements EngineLike {
    * @throws ContextLengthError, EngineBusyError, SessionBusyError, InvalidRequestError
    */
   generate(request: GenerateRequest): Generation {
+    // The engine's own copy: a caller may reuse its array (e.g. append the reply to it).
+    request = { ...request, promptIds: [...request.promptIds] };
     const { promptIds, sampling } = request;
     const V = this.decoder.cfg.vocabSize;
     if (promptIds.length === 0) throw new InvalidRequestError("the prompt is empty", "prompt");

@@ -432,6 +432,24 @@ Deno.test("engine: sessions whose turns wait behind a request give their KV back
   });
 });
 
+Deno.test("engine: a caller appending the reply to its prompt array changes nothing", async () => {
+  await testGpu();
+  await withTestModel(SMALL_MODEL, async (dir) => {
+    const engine = await Engine.load(dir, { maxSlots: 1, contextLength: 128 });
+    const prompt = Array.from({ length: 20 }, (_, i) => 30 + i);
+    const want = await collect(engine, [...prompt], greedy(8), "plain");
+    const history = [...prompt];
+    const gen = engine.generate({ promptIds: history, sampling: greedy(8), sessionId: "reuse" });
+    for await (const t of gen) history.push(t.id); // the caller's array grows meanwhile
+    await gen.result;
+    assert.deepEqual(history.slice(20), want.tokens);
+    assert.equal(engine.session("reuse")?.tokens, engine.session("plain")?.tokens);
+    // The next turn finds the session free and its KV cached.
+    const next = await collect(engine, [...history, 7], greedy(2), "reuse");
+    assert.equal(next.result.cachedTokens, 27);
+  });
+});
+
 Deno.test("engine: idle sessions give their KV back when the pool runs out", async () => {
   await testGpu();
   await withTestModel(SMALL_MODEL, async (dir) => {

@@ -15,6 +15,7 @@ import { Engine } from "../engine/engine.ts";
 import { getGpu, type Gpu } from "../engine/gpu.ts";
 import { syntheticModel } from "../engine/synthetic.ts";
 import { BLOCK } from "../engine/kv.ts";
+import { SessionStore } from "../engine/session_store.ts";
 import { type KvDtype, parseKvDtype } from "../engine/dtype.ts";
 import { status } from "../engine/progress.ts";
 import { sampling, type SamplingOptions } from "../engine/api.ts";
@@ -59,7 +60,26 @@ export interface BenchOptions {
   queueDepth?: number;
   /** The engine's `maxChunk`, prefill tokens per chunk (default: the engine's). */
   maxChunk?: number;
+  /**
+   * Also run one more generation of `newTokens` tokens while this many sessions take two turns
+   * each beside it (half a prompt, then 16 tokens more; `newTokens / 4` tokens each, at most
+   * 32), every turn snapshotted to a Deno KV store in a temporary folder (default 0: not run).
+   */
+  sessions?: number;
   gpu?: Gpu;
+}
+
+/** The `sessions` scenario of {@linkcode BenchOptions}. */
+export interface SessionsResult {
+  sessions: number;
+  /** Tokens per session turn. */
+  turn_tokens: number;
+  /** Decode rate of that generation, tokens/s. */
+  decode_tok_s: number;
+  /** `setTimeout(0)` while it ran, ms. */
+  event_loop_lag_ms: { p50: number; p95: number; max: number };
+  /** Time to write the snapshots still pending when the generation ended, ms. */
+  flush_ms: number;
 }
 
 /** What {@linkcode runBench} measured; written as JSON by `--out`. */
@@ -110,6 +130,8 @@ export interface BenchResult {
   read_bandwidth_bytes: number;
   /** bytes_per_token × decode_tok_s[1] / read bandwidth. */
   roofline_fraction: number;
+  /** The `--sessions` scenario, when run. */
+  sessions?: SessionsResult;
   /** Per-kernel GPU time of one decode step per batch size, then of one prefill chunk (`profile`). */
   profile?: StepProfile[];
   date: string;
@@ -128,18 +150,32 @@ export interface BenchResult {
 export async function runBench(options: BenchOptions = {}): Promise<BenchResult> {
   const o = checkOptions(options);
   const gpu = options.gpu ?? await getGpu();
+  // The sessions scenario snapshots into a store of its own, removed afterwards.
+  const dir = o.sessions > 0 ? await Deno.makeTempDir({ prefix: "strata-bench-" }) : undefined;
+  const store = dir ? await SessionStore.open(`${dir}/sessions.sqlite3`) : undefined;
+  try {
+    return await measure(o, gpu, store);
+  } finally {
+    store?.close();
+    if (dir) await Deno.remove(dir, { recursive: true });
+  }
+}
+
+/** {@linkcode runBench}'s work, with the engine's session store when the options ask for one. */
+async function measure(o: Checked, gpu: Gpu, store?: SessionStore): Promise<BenchResult> {
   const maxBatch = Math.max(...o.batch);
   const context = o.promptLen + o.newTokens;
   const engineOptions = {
     gpu,
     maxSlots: maxBatch,
-    maxQueued: maxBatch,
+    maxQueued: maxBatch + o.sessions,
     contextLength: context,
     // Every request of the largest batch at once, each with its trash-column spare.
     kvBlocks: maxBatch * (Math.ceil(context / BLOCK) + 1) + 2,
     queueDepth: o.queueDepth,
     maxChunk: o.maxChunk,
     kvDtype: o.kvDtype,
+    store,
   };
   status(`bench: loading ${o.shape ? `shape ${o.shape} (${o.dtype})` : o.model}`);
   const engine = o.shape
@@ -186,18 +222,9 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
   for (const b of o.batch) {
     status(`bench: decode, batch ${b} x ${o.newTokens} tokens`);
     const before = engine.hostStats();
-    const lags: number[] = [];
-    let decoding = true;
-    const probe = (async () => {
-      while (decoding) {
-        const t = performance.now();
-        await new Promise((r) => setTimeout(r, 0));
-        lags.push(performance.now() - t);
-      }
-    })();
+    const probe = lagProbe();
     const runs = await generateAll(b, o.newTokens);
-    decoding = false;
-    await probe;
+    const lags = await probe.stop();
     lag[b] = { p50: percentile(lags, 50), p95: percentile(lags, 95) };
     decode[b] = decodeRate(runs);
     const after = engine.hostStats();
@@ -208,6 +235,35 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
   const gaps = arrivals.slice(1).map((t, i) => t - arrivals[i]);
   const groups = bursts(arrivals);
   const stepMs = groups.slice(1).map((g, i) => (g.start - groups[i].end) / g.tokens);
+
+  let sessions: SessionsResult | undefined;
+  if (o.sessions > 0) {
+    // Turns that fit the context: half a prompt and `turn` tokens, then 16 more and `turn` more.
+    const turn = Math.max(2, Math.min(32, Math.floor(o.newTokens / 4)));
+    status(`bench: ${o.newTokens} tokens while ${o.sessions} sessions take two turns each`);
+    const lags = lagProbe();
+    const long = timed(engine, prompts(), o.newTokens);
+    const turns = Array.from({ length: o.sessions }, async (_, i) => {
+      const id = `bench-${i}`, first = prompts().slice(0, Math.ceil(o.promptLen / 2));
+      const said = await timed(engine, first, turn, id);
+      await timed(engine, [...first, ...said.ids, ...prompts().slice(0, BLOCK)], turn, id);
+    });
+    const [r] = await Promise.all([long, ...turns]);
+    const lag = await lags.stop();
+    const t = performance.now();
+    await engine.flushSnapshots();
+    sessions = {
+      sessions: o.sessions,
+      turn_tokens: turn,
+      decode_tok_s: decodeRate([r!]),
+      event_loop_lag_ms: {
+        p50: percentile(lag, 50),
+        p95: percentile(lag, 95),
+        max: Math.max(...lag),
+      },
+      flush_ms: performance.now() - t,
+    };
+  }
 
   let profile: StepProfile[] | undefined;
   if (o.profile) {
@@ -257,9 +313,30 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
     read_bandwidth_method: bw.method,
     read_bandwidth_bytes: bw.bytes,
     roofline_fraction: (bytes.total * decode[1]) / (bw.gbPerS * 1e9),
+    ...(sessions ? { sessions } : {}),
     ...(profile ? { profile } : {}),
     date: new Date().toISOString(),
     deno: Deno.version.deno,
+  };
+}
+
+/** Records how long `setTimeout(0)` takes, over and over, until `stop`. */
+function lagProbe(): { stop: () => Promise<number[]> } {
+  const lags: number[] = [];
+  let running = true;
+  const loop = (async () => {
+    while (running) {
+      const t = performance.now();
+      await new Promise((r) => setTimeout(r, 0));
+      lags.push(performance.now() - t);
+    }
+  })();
+  return {
+    stop: async () => {
+      running = false;
+      await loop;
+      return lags;
+    },
   };
 }
 
@@ -299,7 +376,11 @@ function checkOptions(o: BenchOptions): Checked {
     prefillRuns: o.prefillRuns ?? 3,
     queueDepth: o.queueDepth,
     maxChunk: o.maxChunk,
+    sessions: o.sessions ?? 0,
   };
+  if (!(Number.isInteger(c.sessions) && c.sessions >= 0)) {
+    throw new Error(`--sessions must be an integer ≥ 0; got ${c.sessions}`);
+  }
   if (c.maxChunk !== undefined && !(Number.isInteger(c.maxChunk) && c.maxChunk >= 1)) {
     throw new Error(`--max-chunk must be an integer ≥ 1; got ${c.maxChunk}`);
   }
@@ -323,18 +404,26 @@ function greedy(maxTokens: number): SamplingOptions {
 }
 
 /** Runs one request and records when each token reached the caller. */
-async function timed(engine: Engine, promptIds: number[], maxTokens: number): Promise<Timed> {
+async function timed(
+  engine: Engine,
+  promptIds: number[],
+  maxTokens: number,
+  sessionId?: string,
+): Promise<Timed & { ids: number[] }> {
   const t0 = performance.now();
-  const gen = engine.generate({ promptIds, sampling: greedy(maxTokens) });
-  const arrivals: number[] = [];
-  for await (const _ of gen) arrivals.push(performance.now());
+  const gen = engine.generate({ promptIds, sampling: greedy(maxTokens), sessionId });
+  const arrivals: number[] = [], ids: number[] = [];
+  for await (const t of gen) {
+    arrivals.push(performance.now());
+    ids.push(t.id);
+  }
   const r = await gen.result;
   if (arrivals.length !== maxTokens) {
     throw new Error(
       `internal error: asked for ${maxTokens} tokens, got ${arrivals.length} (${r.finishReason})`,
     );
   }
-  return { t0, arrivals };
+  return { t0, arrivals, ids };
 }
 
 /**
@@ -371,7 +460,7 @@ function intFlag(flag: string, v: string | undefined): number | undefined {
 
 const USAGE = `usage: deno task bench [--model DIR | --shape tinyllama-1.1b|tiny] [--batch 1,8,32]
   [--prompt-len 128] [--new-tokens 256] [--dtype f16|bf16] [--kv-dtype f32|f16] [--profile]
-  [--read-mib N] [--queue-depth N] [--max-chunk N] [--out FILE]`;
+  [--read-mib N] [--queue-depth N] [--max-chunk N] [--sessions N] [--out FILE]`;
 
 /** The CLI: parses flags, runs the bench, prints the table, writes `--out`. */
 export async function main(args: string[]): Promise<void> {
@@ -389,6 +478,7 @@ export async function main(args: string[]): Promise<void> {
       "read-mib": { type: "string" },
       "queue-depth": { type: "string" },
       "max-chunk": { type: "string" },
+      sessions: { type: "string" },
       out: { type: "string" },
       help: { type: "boolean", short: "h" },
     },
@@ -407,6 +497,7 @@ export async function main(args: string[]): Promise<void> {
     readBytes: readMib === undefined ? undefined : readMib * 2 ** 20,
     queueDepth: intFlag("queue-depth", v["queue-depth"]),
     maxChunk: intFlag("max-chunk", v["max-chunk"]),
+    sessions: intFlag("sessions", v.sessions),
   });
   console.log(formatTable(result));
   if (v.out) {

@@ -168,6 +168,20 @@ export function formatTable(r: BenchResult): string {
     ],
     ["roofline fraction (batch 1)", r.roofline_fraction.toFixed(4)],
   );
+  if (r.sessions) {
+    const s = r.sessions, l = s.event_loop_lag_ms;
+    rows.push(
+      [
+        `decode beside ${s.sessions} sessions' turns`,
+        `${s.decode_tok_s.toFixed(1)} tok/s  (${r.new_tokens} tokens; turns of ${s.turn_tokens})`,
+      ],
+      [
+        "  event-loop lag p50 / p95 / max",
+        `${l.p50.toFixed(1)} / ${l.p95.toFixed(1)} / ${l.max.toFixed(1)} ms`,
+      ],
+      ["  snapshots pending at its end", `${s.flush_ms.toFixed(1)} ms to write`],
+    );
+  }
   const width = Math.max(...rows.map(([k]) => k.length)) + 2;
   const lines = [
     `strata bench: ${r.model} on ${r.adapter}, Deno ${r.deno}, ${r.date}`,

@@ -76,6 +76,7 @@ Deno.test("bench: runBench on the tiny shape reports every field", async () => {
     readBytes: 16 * 2 ** 20,
     prefillRuns: 2,
     profile: gpu.hasTimestamps,
+    sessions: 2,
     gpu,
   });
   console.log(JSON.stringify({ ...r, profile: undefined }));
@@ -110,6 +111,13 @@ Deno.test("bench: runBench on the tiny shape reports every field", async () => {
     const lag = r.event_loop_lag_ms[b];
     assert.ok(lag.p50 > 0 && lag.p50 <= lag.p95, `event-loop lag at batch ${b}: ${lag}`);
   }
+  // The sessions scenario: a generation beside two sessions' turns, snapshotted.
+  const s = r.sessions!;
+  assert.equal(s.sessions, 2);
+  assert.equal(s.turn_tokens, 2);
+  assert.ok(s.decode_tok_s > 0 && s.flush_ms >= 0, JSON.stringify(s));
+  const l = s.event_loop_lag_ms;
+  assert.ok(l.p50 > 0 && l.p50 <= l.p95 && l.p95 <= l.max, JSON.stringify(l));
   assert.equal(r.prompt_len, 8);
   assert.equal(r.new_tokens, 8);
   assert.equal(r.deno, Deno.version.deno);
@@ -165,6 +173,7 @@ Deno.test("bench: usage errors name the flag", async () => {
   await assert.rejects(() => runBench({ dtype: "bf16" }), /--dtype applies to --shape only/);
   await assert.rejects(() => runBench({ shape: "tiny", newTokens: 1 }), /--new-tokens/);
   await assert.rejects(() => runBench({ shape: "tiny", maxChunk: 0 }), /--max-chunk/);
+  await assert.rejects(() => runBench({ shape: "tiny", sessions: -1 }), /--sessions/);
   assert.throws(() => shapeConfig("llama-70b"), /unknown shape 'llama-70b': use one of/);
 });
 

@@ -326,7 +326,7 @@ const ROWS_CPU: RowsTuning = { kl: 4, cg: 4, r: 8, splits: 1 };
  *   77.3, 8-row tiles 79.3–88.7); the LM head (over 8 times wider than deep) in tiles of 32 rows,
  *   4 × 32, 2 splits: 162 (16-row tiles 185–186).
  *
- * 16 lanes were slower everywhere (scripts/probe_rows.ts, without the fusions).
+ * 16 lanes were slower everywhere (a probe of the kernel without the fusions, not kept).
  */
 export function rowsTuning(gpu: Gpu, opts: { m: number; cols: number; k: number }): RowsTuning {
   if (isCpuAdapter(gpu)) return ROWS_CPU;

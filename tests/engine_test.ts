@@ -226,6 +226,7 @@ Deno.test("session snapshots copy only the blocks a turn added, and restore the 
       assert.deepEqual(a.snapshotStats(), { blocksCopied: 3, blocksReused: 0 });
       const turn2 = [...prompt, ...first.tokens, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14];
       const second = await collect(a, turn2, greedy(8), "s");
+      assert.equal(second.result.cachedTokens, 48, "the first turn's KV is reused");
       await a.flushSnapshots();
       // 65 tokens, KV for 65: blocks 0-4; 0-2 were whole in the first snapshot.
       assert.deepEqual(a.snapshotStats(), { blocksCopied: 5, blocksReused: 3 });

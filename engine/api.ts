@@ -84,6 +84,8 @@ export interface KvStats {
   gpu: { used: number; total: number };
   kv: { used: number };
   fs: { used: number };
+  /** KV blocks session snapshots have copied from the GPU, and reused from earlier snapshots. */
+  snapshotBlocks: { copied: number; reused: number };
 }
 
 /** The engine the server drives (implemented by `Engine` in engine/engine.ts). */

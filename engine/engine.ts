@@ -215,6 +215,7 @@ export class Engine implements EngineLike {
   }
 
   kvStats(): KvStats {
+    const snap = this.#sessions.snapshotStats();
     return {
       blockTokens: BLOCK,
       dtype: this.kvDtype,
@@ -223,6 +224,7 @@ export class Engine implements EngineLike {
       // count once per session).
       kv: { used: this.#sessions.storedBlocks() },
       fs: { used: 0 },
+      snapshotBlocks: { copied: snap.blocksCopied, reused: snap.blocksReused },
     };
   }
 

@@ -15,6 +15,7 @@
  * | `strata_requests_max_running`          | gauge     |                        |
  * | `strata_kv_blocks`                     | gauge     | tier (gpu, kv, fs)     |
  * | `strata_kv_gpu_blocks_capacity`        | gauge     |                        |
+ * | `strata_snapshot_blocks_total`         | counter   | source (gpu, store)    |
  * | `strata_websocket_connections`         | gauge     |                        |
  */
 import { Hono } from "hono";
@@ -98,6 +99,19 @@ export function createMetrics(engine: EngineLike): ServerMetrics {
     new Gauge("strata_kv_gpu_blocks_capacity", "KV cache blocks the GPU pool holds.", () => [
       { labels: {}, value: engine.kvStats().gpu.total },
     ]),
+  );
+  r.add(
+    new Counter(
+      "strata_snapshot_blocks_total",
+      "KV blocks session snapshots copied from the GPU, or reused from an earlier snapshot.",
+      () => {
+        const s = engine.kvStats().snapshotBlocks;
+        return [
+          { labels: { source: "gpu" }, value: s.copied },
+          { labels: { source: "store" }, value: s.reused },
+        ];
+      },
+    ),
   );
   r.add(
     new Gauge("strata_websocket_connections", "Open WebSocket connections.", () => [

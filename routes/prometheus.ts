@@ -43,8 +43,16 @@ interface Metric {
 export class Counter implements Metric {
   readonly type = "counter";
   #values = new Map<string, Sample>();
-  /** @param name metric name ending in `_total`; @param help one-line description */
-  constructor(readonly name: string, readonly help: string) {}
+  /**
+   * @param name metric name ending in `_total`; @param help one-line description
+   * @param collect when given, the samples are read from it at scrape time (a count kept
+   *   elsewhere) instead of from `inc`
+   */
+  constructor(
+    readonly name: string,
+    readonly help: string,
+    readonly collect?: () => Sample[],
+  ) {}
   /** Adds `value` (default 1) to the series with these labels. */
   inc(labels: Labels = {}, value = 1): void {
     const key = keyOf(labels);
@@ -58,7 +66,7 @@ export class Counter implements Metric {
   }
   /** All series. */
   samples(): Sample[] {
-    return [...this.#values.values()];
+    return this.collect ? this.collect() : [...this.#values.values()];
   }
 }
 

@@ -242,6 +242,8 @@ Deno.test("metrics: Prometheus text with request, token, latency, load and KV me
   assert.equal(value("strata_requests_queued"), engine.load().queued);
   assert.equal(value("strata_kv_gpu_blocks_capacity"), engine.kvStats().gpu.total);
   assert.equal(value('strata_kv_blocks{tier="gpu"}'), engine.kvStats().gpu.used);
+  assert.ok(text.includes("# TYPE strata_snapshot_blocks_total counter"));
+  assert.equal(value('strata_snapshot_blocks_total{source="gpu"}'), 0, "no store, no snapshots");
 });
 
 Deno.test("sessions: body field or header; GET shows tokens; DELETE forgets", async () => {

@@ -90,6 +90,12 @@ Deno.test("sessions survive SIGKILL and restart through Deno KV", async () => {
     const uninterrupted = await complete(b, turn2, "s2");
     assert.equal(resumed.cached, uninterrupted.cached);
     assert.equal(resumed.text, uninterrupted.text);
+    // Every turn was snapshotted: /metrics counts the blocks copied from the GPU.
+    const metrics = await (await fetch(`${b.url}/metrics`)).text();
+    const copied = Number(
+      metrics.match(/^strata_snapshot_blocks_total\{source="gpu"\} (\d+)$/m)?.[1],
+    );
+    assert.ok(copied >= 3, `snapshot blocks copied: ${copied}`);
     console.log(`restored: ${info.body.tokens} tokens, turn 2 reused ${resumed.cached} tokens`);
   } finally {
     for (const s of servers) {

@@ -8,8 +8,65 @@
 import xxhash from "xxhash-wasm";
 import { deflateSync, inflateSync } from "fflate";
 import type { KvDtype } from "./dtype.ts";
+import type { DeflateRequest, DeflateResponse } from "./deflate_worker.ts";
 
 const hasher = await xxhash();
+
+/**
+ * Deflates blocks in a worker (engine/deflate_worker.ts), so that snapshot writes do not hold the
+ * event loop: fflate's level 1 takes tens of milliseconds per 720 kB block (TinyLlama's f32 K and
+ * V) on the CPU machines. Requests are answered in order. If the worker fails, pending and later
+ * blocks are deflated on the calling thread.
+ */
+class Deflater {
+  #worker?: Worker;
+  #broken = false;
+  #next = 0;
+  readonly #pending = new Map<
+    number,
+    { raw: Uint8Array; resolve: (b: Uint8Array) => void; reject: (e: Error) => void }
+  >();
+
+  deflate(raw: Uint8Array): Promise<Uint8Array> {
+    if (this.#broken) return Promise.resolve(deflateSync(raw, { level: 1 }));
+    const worker = this.#worker ??= this.#start();
+    const id = this.#next++;
+    // A compact copy, transferred: posting a view would clone its whole underlying buffer.
+    const copy = raw.slice();
+    return new Promise((resolve, reject) => {
+      this.#pending.set(id, { raw: copy, resolve, reject });
+      worker.postMessage({ id, raw: copy } satisfies DeflateRequest, [copy.buffer]);
+    });
+  }
+
+  #start(): Worker {
+    const w = new Worker(new URL("./deflate_worker.ts", import.meta.url).href, { type: "module" });
+    w.onmessage = (e: MessageEvent<DeflateResponse>) => {
+      const p = this.#pending.get(e.data.id);
+      if (!p) return;
+      this.#pending.delete(e.data.id);
+      if (e.data.packed) p.resolve(e.data.packed);
+      else p.reject(new Error(`deflate failed: ${e.data.error}`));
+    };
+    w.onerror = (e) => {
+      e.preventDefault();
+      console.error(`strata: the deflate worker failed (${e.message}); deflating in place`);
+      this.#broken = true;
+      this.close();
+    };
+    return w;
+  }
+
+  /** Stops the worker; blocks still pending are deflated here. */
+  close(): void {
+    this.#worker?.terminate();
+    this.#worker = undefined;
+    for (const [id, p] of this.#pending) {
+      this.#pending.delete(id);
+      p.resolve(deflateSync(p.raw, { level: 1 }));
+    }
+  }
+}
 /** Deno KV refuses values over 64 KiB; stay below with room for the key and framing. */
 const PART = 60_000;
 
@@ -44,6 +101,8 @@ export interface RestoredSession {
 
 /** Snapshots of sessions in one Deno KV database (a local SQLite file or a remote KV). */
 export class SessionStore {
+  readonly #deflater = new Deflater();
+
   private constructor(readonly kv: Deno.Kv) {}
 
   /** Opens (or creates) the store at `path` (a file path, or a KV Connect URL). */
@@ -67,7 +126,7 @@ export class SessionStore {
         continue;
       }
       const hash = hasher.h64Raw(raw).toString(16).padStart(16, "0");
-      const packed = deflateSync(raw, { level: 1 });
+      const packed = await this.#deflater.deflate(raw);
       const parts = Math.max(1, Math.ceil(packed.byteLength / PART));
       const head = await this.kv.get(["chunk", hash, 0]);
       if (head.value === null) {
@@ -136,6 +195,7 @@ export class SessionStore {
   }
 
   close(): void {
+    this.#deflater.close();
     this.kv.close();
   }
 }

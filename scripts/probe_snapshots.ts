@@ -1,8 +1,9 @@
 /**
  * Time to write each turn's session snapshot as one conversation grows: every turn adds 60
  * prompt tokens and 24 generated ones to session "c" (greedy), then waits for its snapshot
- * (`flushSnapshots`) in a Deno KV store in a temporary folder. Prints `tokens:ms` per turn and
- * the blocks copied from the GPU and reused from earlier snapshots.
+ * (`flushSnapshots`) in a Deno KV store in a temporary folder. Prints, per turn, `tokens:ms/lag`:
+ * the session's length, the time to write its snapshot, and the longest `setTimeout(0)` meanwhile
+ * (how long the event loop was held); then the blocks copied from the GPU and reused.
  *
  *   deno run -A scripts/probe_snapshots.ts [--model models/strata-default] [--turns 10]
  */
@@ -26,10 +27,11 @@ try {
     contextLength: turns * 84 + 16,
     store,
   });
+  const vocab = Math.min(engine.decoder.cfg.vocabSize, 540);
   let history: number[] = [];
   const out: string[] = [];
   for (let turn = 0; turn < turns; turn++) {
-    const added = Array.from({ length: 60 }, (_, i) => 20 + ((i * 13 + turn * 7) % 500));
+    const added = Array.from({ length: 60 }, (_, i) => 20 + ((i * 13 + turn * 7) % (vocab - 40)));
     history = [...history, ...added];
     const gen = engine.generate({
       promptIds: history,
@@ -38,11 +40,24 @@ try {
     });
     for await (const t of gen) history.push(t.id);
     await gen.result;
+    // How long the event loop was held while the snapshot was written: the longest
+    // setTimeout(0) meanwhile.
+    let worst = 0, writing = true;
+    const probe = (async () => {
+      while (writing) {
+        const t = performance.now();
+        await new Promise((r) => setTimeout(r, 0));
+        worst = Math.max(worst, performance.now() - t);
+      }
+    })();
     const t0 = performance.now();
     await engine.flushSnapshots();
-    out.push(`${history.length}:${(performance.now() - t0).toFixed(1)}`);
+    const ms = performance.now() - t0;
+    writing = false;
+    await probe;
+    out.push(`${history.length}:${ms.toFixed(1)}/${worst.toFixed(1)}`);
   }
-  console.log(`${engine.adapterName}, ${engine.modelId}: tokens:ms ${out.join(" ")}`);
+  console.log(`${engine.adapterName}, ${engine.modelId}: tokens:ms/lag ${out.join(" ")}`);
   const s = engine.snapshotStats();
   console.log(`blocks copied ${s.blocksCopied}, reused ${s.blocksReused}`);
 } finally {

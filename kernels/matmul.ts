@@ -692,12 +692,7 @@ export function matmulDispatches(
   if (path === "rows") {
     const t = { ...rowsTuning(gpu, { m, cols, k }), ...opts.rows };
     checkRows(gpu, label, t);
-    // K in whole stages (8 kl) per split; the partial sums must fit one binding.
-    const stage = 8 * t.kl;
-    const stages = Math.ceil(k / stage);
-    const fit = Math.floor(gpu.maxBinding / (m * (cols + 1) * 4));
-    const kspan = Math.ceil(stages / Math.max(1, Math.min(t.splits, stages, fit))) * stage;
-    const splits = Math.ceil(k / kspan);
+    const { kspan, splits } = splitK(gpu, { m, cols, k, step: 8 * t.kl, splits: t.splits });
     const groups = grid(Math.ceil(m / t.r) * Math.ceil(cols / (4 * t.cg)) * splits);
     const constants = { WDTYPE: WDTYPE[w.dtype], KL: t.kl, CG: t.cg, R: t.r, ...fusion };
     const prelude = wgsl("matmul_common.wgsl");
@@ -720,25 +715,24 @@ export function matmulDispatches(
       },
       at(6, part),
     ];
-    const reduce = pipeline(gpu, "matmul.wgsl", {
-      prelude,
-      constants: { WDTYPE: WDTYPE[w.dtype], SPLIT: 1, ...fusion },
-      entryPoint: "reduce",
-    });
-    return [{
-      label: `${label} ${shape}`,
-      pipeline: pipe,
-      bindGroup: gpu.device.createBindGroup({ layout: pipe.getBindGroupLayout(0), entries }),
-      workgroups: groups,
-    }, {
-      label: `${label} ${shape} reduce`,
-      pipeline: reduce,
-      bindGroup: gpu.device.createBindGroup({
-        layout: reduce.getBindGroupLayout(0),
-        entries: [at(0, u), at(3, bias), at(5, y), at(6, part)], // what `reduce` uses
+    return [
+      {
+        label: `${label} ${shape}`,
+        pipeline: pipe,
+        bindGroup: gpu.device.createBindGroup({ layout: pipe.getBindGroupLayout(0), entries }),
+        workgroups: groups,
+      },
+      reduceDispatch(gpu, `${label} ${shape} reduce`, {
+        wdtype: w.dtype,
+        fusion,
+        u,
+        bias,
+        y,
+        part,
+        m,
+        n,
       }),
-      workgroups: grid(Math.ceil((m * n) / 256)),
-    }];
+    ];
   }
   if (path === "tiled") {
     const t = {
@@ -746,12 +740,7 @@ export function matmulDispatches(
       ...opts.tiled,
     };
     checkTiled(gpu, label, t, w.dtype);
-    // K in whole steps per split; the last split may be shorter, none is empty. The partial
-    // sums must fit one binding.
-    const steps = Math.ceil(k / t.bk);
-    const fit = Math.floor(gpu.maxBinding / (m * (cols + 1) * 4));
-    const kspan = Math.ceil(steps / Math.max(1, Math.min(t.splits, steps, fit))) * t.bk;
-    const splits = Math.ceil(k / kspan);
+    const { kspan, splits } = splitK(gpu, { m, cols, k, step: t.bk, splits: t.splits });
     const tiles = Math.ceil(m / t.bm) * Math.ceil(cols / t.bn);
     const groups = grid(tiles * splits);
     const constants = {
@@ -785,16 +774,8 @@ export function matmulDispatches(
       workgroups: groups,
     };
     if (splits === 1) return [main];
-    const reduce = pipeline(gpu, "matmul.wgsl", { prelude, constants, entryPoint: "reduce" });
-    return [main, {
-      label: `${label} ${shape} reduce`,
-      pipeline: reduce,
-      bindGroup: gpu.device.createBindGroup({
-        layout: reduce.getBindGroupLayout(0),
-        entries: [at(0, u), at(3, bias), at(5, y), at(6, part)], // what `reduce` uses
-      }),
-      workgroups: grid(Math.ceil((m * n) / 256)),
-    }];
+    const finish = { wdtype: w.dtype, fusion, u, bias, y, part, m, n };
+    return [main, reduceDispatch(gpu, `${label} ${shape} reduce`, finish)];
   }
   const groups = grid(m * Math.ceil(n / 64));
   const pipe = pipeline(gpu, "matmul_naive.wgsl", {
@@ -811,6 +792,56 @@ export function matmulDispatches(
 }
 
 const ceil16 = (bytes: number) => Math.ceil(bytes / 16) * 16;
+
+/**
+ * K per split (`kspan`, whole steps of `step`) and the split count for a launch that asks for
+ * `splits`: the last split may be shorter, none is empty, and the partial sums
+ * (`splits · m · (cols + 1)` floats) must fit one binding.
+ */
+function splitK(
+  gpu: Gpu,
+  o: { m: number; cols: number; k: number; step: number; splits: number },
+): { kspan: number; splits: number } {
+  const steps = Math.ceil(o.k / o.step);
+  const fit = Math.floor(gpu.maxBinding / (o.m * (o.cols + 1) * 4));
+  const kspan = Math.ceil(steps / Math.max(1, Math.min(o.splits, steps, fit))) * o.step;
+  return { kspan, splits: Math.ceil(o.k / kspan) };
+}
+
+/**
+ * matmul.wgsl's `reduce`: adds the K splits' partial sums in `part` and applies the epilogue,
+ * one thread per output, from the main dispatch's uniform `u`. It reads no tile constant, so one
+ * pipeline per dtype and fusion serves the `tiled` and `rows` launches of every shape.
+ */
+function reduceDispatch(
+  gpu: Gpu,
+  label: string,
+  o: {
+    wdtype: DType;
+    fusion: Record<string, number>;
+    u: GPUBuffer;
+    bias: GPUBuffer;
+    y: GPUBuffer;
+    part: GPUBuffer;
+    m: number;
+    n: number;
+  },
+): Dispatch {
+  const reduce = pipeline(gpu, "matmul.wgsl", {
+    prelude: wgsl("matmul_common.wgsl"),
+    constants: { WDTYPE: WDTYPE[o.wdtype], SPLIT: 1, ...o.fusion },
+    entryPoint: "reduce",
+  });
+  return {
+    label,
+    pipeline: reduce,
+    bindGroup: gpu.device.createBindGroup({
+      layout: reduce.getBindGroupLayout(0),
+      entries: [at(0, o.u), at(3, o.bias), at(5, o.y), at(6, o.part)], // what `reduce` uses
+    }),
+    workgroups: grid(Math.ceil((o.m * o.n) / 256)),
+  };
+}
 
 /** A bind group entry: `buffer`, whole, at `binding`. */
 const at = (binding: number, buffer: GPUBuffer) => ({ binding, resource: { buffer } });

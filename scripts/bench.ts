@@ -321,7 +321,7 @@ async function measure(o: Checked, gpu: Gpu, store?: SessionStore): Promise<Benc
 }
 
 /** Records how long `setTimeout(0)` takes, over and over, until `stop`. */
-function lagProbe(): { stop: () => Promise<number[]> } {
+export function lagProbe(): { stop: () => Promise<number[]> } {
   const lags: number[] = [];
   let running = true;
   const loop = (async () => {

@@ -11,6 +11,7 @@ import { parseArgs } from "node:util";
 import { Engine } from "../engine/engine.ts";
 import { SessionStore } from "../engine/session_store.ts";
 import { sampling } from "../engine/api.ts";
+import { lagProbe } from "./bench.ts";
 
 const { values: v } = parseArgs({
   options: {
@@ -42,19 +43,11 @@ try {
     await gen.result;
     // How long the event loop was held while the snapshot was written: the longest
     // setTimeout(0) meanwhile.
-    let worst = 0, writing = true;
-    const probe = (async () => {
-      while (writing) {
-        const t = performance.now();
-        await new Promise((r) => setTimeout(r, 0));
-        worst = Math.max(worst, performance.now() - t);
-      }
-    })();
+    const probe = lagProbe();
     const t0 = performance.now();
     await engine.flushSnapshots();
     const ms = performance.now() - t0;
-    writing = false;
-    await probe;
+    const worst = Math.max(0, ...await probe.stop());
     out.push(`${history.length}:${ms.toFixed(1)}/${worst.toFixed(1)}`);
   }
   console.log(`${engine.adapterName}, ${engine.modelId}: tokens:ms/lag ${out.join(" ")}`);

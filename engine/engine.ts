@@ -105,7 +105,9 @@ export class Engine implements EngineLike {
   /** Ends the loop's current yield to the event loop early (see {@linkcode #yield}). */
   #wake?: () => void;
   #nextK = 1;
-  #host = { submissions: 0, steps: 0, ms: 0, pacedMs: 0 };
+  #host = { submissions: 0, steps: 0, ms: 0, pacedMs: 0, prefillPeak: 0 };
+  /** Prompt tokens of the prefill chunks submitted since the last readback round. */
+  #prefillQueued = 0;
   /** GPU-time estimates: how long the loop may sleep before a readback. */
   readonly #pacer = new Pacer();
 
@@ -324,6 +326,7 @@ export class Engine implements EngineLike {
       this.#waiting = [];
       this.#slots.fill(undefined);
       this.#inflight = [];
+      this.#prefillQueued = 0;
       this.#dropHeld();
     }).finally(() => {
       this.#running = false;
@@ -381,6 +384,7 @@ export class Engine implements EngineLike {
       // Every submitted buffer is finished once the first readback request returns: request
       // them all, then put the held one on the GPU before handing out tokens.
       const batch = this.#inflight.splice(0);
+      this.#prefillQueued = 0;
       const t0 = performance.now();
       const dones = batch.map((sub) => sub.done);
       this.#pacer.learn(batch, t0, performance.now());
@@ -433,6 +437,12 @@ export class Engine implements EngineLike {
       }
       const slot = this.#slots.findIndex((s) => s === undefined);
       if (slot < 0) return;
+      // At most a chunk's worth of prompt tokens per readback round, unless one prompt alone is
+      // longer: the round's readback blocks the event loop until the GPU has done them all, so a
+      // burst of requests queued at once held it for every prefill (0.4–0.9 s for 12 sessions'
+      // 256-token turns on the H200) and stalled running streams as long.
+      const todo = seq.blocks.tokens.length - seq.blocks.computed;
+      if (this.#prefillQueued > 0 && this.#prefillQueued + todo > this.opts.maxChunk) return;
       const total = seq.blocks.tokens.length + seq.sampling.maxTokens;
       const need = () => Math.ceil(total / BLOCK) - seq.blocks.table.length;
       if (need() > this.pool.freeCount) this.#sessions.evict(need());
@@ -491,6 +501,8 @@ export class Engine implements EngineLike {
       const part = ids.slice(p, Math.min(p + chunk, ids.length));
       const last = p + part.length === ids.length;
       d.writePrefill(part, slot, p);
+      this.#prefillQueued += part.length;
+      this.#host.prefillPeak = Math.max(this.#host.prefillPeak, this.#prefillQueued);
       const region = this.#nextRegion();
       const dispatches = d.prefill(part.length, {
         slot,
@@ -568,9 +580,16 @@ export class Engine implements EngineLike {
   /**
    * Totals since the engine started: submissions, the steps they recorded, the host time
    * spent encoding and submitting them (ms; the bench divides it by the steps), and the time
-   * the loop slept before readbacks while the GPU worked (`pacedMs`; the event loop was free).
+   * the loop slept before readbacks while the GPU worked (`pacedMs`; the event loop was free),
+   * and the most prompt tokens queued on the GPU in one readback round (`prefillPeak`).
    */
-  hostStats(): { submissions: number; steps: number; ms: number; pacedMs: number } {
+  hostStats(): {
+    submissions: number;
+    steps: number;
+    ms: number;
+    pacedMs: number;
+    prefillPeak: number;
+  } {
     return { ...this.#host };
   }
 

@@ -397,6 +397,31 @@ Deno.test("engine: tokens do not depend on batch composition or steps per submis
   });
 });
 
+Deno.test("engine: a burst of requests prefills a chunk's worth of prompt tokens per readback round", async () => {
+  await testGpu();
+  await withTestModel(SMALL_MODEL, async (dir) => {
+    // Each readback blocks the event loop until the GPU has done everything queued, so five
+    // 40-token prompts arriving together must not all be queued at once (200 tokens).
+    const engine = await Engine.load(dir, { maxSlots: 6, contextLength: 256, maxChunk: 64 });
+    const prompt = (seed: number, n = 40) =>
+      Array.from({ length: n }, (_, i) => 10 + ((i * 7 + seed) % 90));
+    const burst = await Promise.all(
+      [0, 1, 2, 3, 4].map((i) => collect(engine, prompt(i), greedy(6))),
+    );
+    assert.ok(
+      engine.hostStats().prefillPeak <= 64,
+      `${engine.hostStats().prefillPeak} prompt tokens queued at once`,
+    );
+    for (let i = 0; i < burst.length; i++) {
+      const alone = await collect(engine, prompt(i), greedy(6));
+      assert.deepEqual(burst[i].tokens, alone.tokens, `prompt ${i}`);
+    }
+    // A prompt longer than a chunk still goes to the GPU whole, in chunks.
+    await collect(engine, prompt(9, 150), greedy(2));
+    assert.equal(engine.hostStats().prefillPeak, 150);
+  });
+});
+
 Deno.test("engine: sessions whose turns wait behind a request give their KV back when nothing runs", async () => {
   await testGpu();
   await withTestModel(SMALL_MODEL, async (dir) => {

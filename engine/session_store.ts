@@ -1,74 +1,89 @@
 /**
  * Session snapshots in Deno KV: a session's token ids and the KV blocks that hold them survive a
- * restart. Blocks are content-addressed chunks (fflate-compressed, named by the xxh64 of their
- * bytes, split into values under Deno KV's 64 KiB limit), written first; then one atomic commit
- * replaces the session's small manifest. Restore verifies every chunk's hash and keeps the
+ * restart. Blocks are content-addressed chunks (packed by engine/kv_codec.ts, named by the xxh64
+ * of their bytes, split into values under Deno KV's 64 KiB limit), written first; then one atomic
+ * commit replaces the session's small manifest. Restore verifies every chunk's hash and keeps the
  * longest valid prefix of blocks.
  */
 import xxhash from "xxhash-wasm";
-import { deflateSync, inflateSync } from "fflate";
+import { inflateSync } from "fflate";
 import type { KvDtype } from "./dtype.ts";
-import type { DeflateRequest, DeflateResponse } from "./deflate_worker.ts";
+import { packBlock, unpackBlock } from "./kv_codec.ts";
+import type { PackRequest, PackResponse } from "./pack_worker.ts";
 
 const hasher = await xxhash();
 
 /**
- * Deflates blocks in a worker (engine/deflate_worker.ts), so that snapshot writes do not hold the
- * event loop: fflate's level 1 takes tens of milliseconds per 720 kB block (TinyLlama's f32 K and
- * V) on the CPU machines. Requests are answered in order. If the worker fails, pending and later
- * blocks are deflated on the calling thread.
+ * Packs blocks in workers (engine/pack_worker.ts), so that snapshot writes neither hold the event
+ * loop nor fall behind: a TinyLlama block (720 kB of f32 K and V) takes milliseconds to pack, and
+ * a burst of sessions brings hundreds. Up to {@linkcode PACKERS} workers, requests dealt out in
+ * turn. If a worker fails, pending and later blocks are packed on the calling thread.
  */
-class Deflater {
-  #worker?: Worker;
+class Packer {
+  readonly #workers: Worker[] = [];
   #broken = false;
   #next = 0;
   readonly #pending = new Map<
     number,
-    { raw: Uint8Array; resolve: (b: Uint8Array) => void; reject: (e: Error) => void }
+    {
+      raw: Uint8Array;
+      width: number;
+      resolve: (b: Uint8Array) => void;
+      reject: (e: Error) => void;
+    }
   >();
 
-  deflate(raw: Uint8Array): Promise<Uint8Array> {
-    if (this.#broken) return Promise.resolve(deflateSync(raw, { level: 1 }));
-    const worker = this.#worker ??= this.#start();
+  pack(raw: Uint8Array, width: number): Promise<Uint8Array> {
+    if (this.#broken) return Promise.resolve(packBlock(raw, width));
     const id = this.#next++;
+    const n = Math.max(1, Math.min(PACKERS, navigator.hardwareConcurrency - 1));
+    const worker = this.#workers[id % n] ??= this.#start();
     // A compact copy, transferred: posting a view would clone its whole underlying buffer.
     const copy = raw.slice();
     return new Promise((resolve, reject) => {
-      this.#pending.set(id, { raw: copy, resolve, reject });
-      worker.postMessage({ id, raw: copy } satisfies DeflateRequest, [copy.buffer]);
+      this.#pending.set(id, { raw: copy, width, resolve, reject });
+      worker.postMessage({ id, raw: copy, width } satisfies PackRequest, [copy.buffer]);
     });
   }
 
   #start(): Worker {
-    const w = new Worker(new URL("./deflate_worker.ts", import.meta.url).href, { type: "module" });
-    w.onmessage = (e: MessageEvent<DeflateResponse>) => {
+    const w = new Worker(new URL("./pack_worker.ts", import.meta.url).href, { type: "module" });
+    w.onmessage = (e: MessageEvent<PackResponse>) => {
       const p = this.#pending.get(e.data.id);
       if (!p) return;
       this.#pending.delete(e.data.id);
       if (e.data.packed) p.resolve(e.data.packed);
-      else p.reject(new Error(`deflate failed: ${e.data.error}`));
+      else p.reject(new Error(`packing a block failed: ${e.data.error}`));
     };
     w.onerror = (e) => {
       e.preventDefault();
-      console.error(`strata: the deflate worker failed (${e.message}); deflating in place`);
+      console.error(`strata: a snapshot worker failed (${e.message}); packing in place`);
       this.#broken = true;
       this.close();
     };
     return w;
   }
 
-  /** Stops the worker; blocks still pending are deflated here. */
+  /** Stops the workers; blocks still pending are packed here. */
   close(): void {
-    this.#worker?.terminate();
-    this.#worker = undefined;
+    for (const w of this.#workers) w?.terminate();
+    this.#workers.length = 0;
     for (const [id, p] of this.#pending) {
       this.#pending.delete(id);
-      p.resolve(deflateSync(p.raw, { level: 1 }));
+      p.resolve(packBlock(p.raw, p.width));
     }
   }
 }
+
+/** Most packing workers (fewer on machines with fewer cores: one core stays for the server). */
+const PACKERS = 4;
 /** Deno KV refuses values over 64 KiB; stay below with room for the key and framing. */
 const PART = 60_000;
+/**
+ * Parts per atomic commit: Deno KV takes at most 800 KiB of mutations per commit. One commit per
+ * part cost ≈ 0.6 ms each on the CPU machine, 12 per TinyLlama block.
+ */
+const PARTS_PER_COMMIT = 12;
 
 /** What a snapshot records about one session. */
 export interface SessionManifest {
@@ -81,8 +96,13 @@ export interface SessionManifest {
   computed: number;
   /** Element type of the blocks' K and V (absent in snapshots from before f16 caches: f32). */
   kv?: KvDtype;
-  /** One entry per block, in order: the chunk holding that block's K then V bytes. */
-  blocks: { hash: string; parts: number; bytes: number }[];
+  /**
+   * One entry per block, in order: the chunk holding that block's K then V bytes. `planes`: the
+   * element width it was packed with (engine/kv_codec.ts; chunk values under
+   * `["kvblock", hash, planes, i]`); absent in entries written before: the whole block deflated,
+   * under `["chunk", hash, i]`.
+   */
+  blocks: { hash: string; parts: number; bytes: number; planes?: number }[];
   createdAt: number;
   updatedAt: number;
 }
@@ -101,7 +121,7 @@ export interface RestoredSession {
 
 /** Snapshots of sessions in one Deno KV database (a local SQLite file or a remote KV). */
 export class SessionStore {
-  readonly #deflater = new Deflater();
+  readonly #packer = new Packer();
 
   private constructor(readonly kv: Deno.Kv) {}
 
@@ -119,22 +139,32 @@ export class SessionStore {
     m: Omit<SessionManifest, "blocks" | "version">,
     blocks: (Uint8Array | ChunkRef)[],
   ): Promise<ChunkRef[]> {
+    const width = m.kv === "f16" ? 2 : 4;
+    // Packed all at once (the workers share them out), written in order.
+    const packed = blocks.map((raw) =>
+      raw instanceof Uint8Array ? this.#packer.pack(raw, width) : undefined
+    );
+    packed.forEach((p) => p?.catch(() => {})); // awaited below, in order
     const entries: ChunkRef[] = [];
-    for (const raw of blocks) {
+    for (const [i, raw] of blocks.entries()) {
       if (!(raw instanceof Uint8Array)) {
         entries.push(raw);
         continue;
       }
       const hash = hasher.h64Raw(raw).toString(16).padStart(16, "0");
-      const packed = await this.#deflater.deflate(raw);
-      const parts = Math.max(1, Math.ceil(packed.byteLength / PART));
-      const head = await this.kv.get(["chunk", hash, 0]);
-      if (head.value === null) {
-        for (let i = 0; i < parts; i++) {
-          await this.kv.set(["chunk", hash, i], packed.subarray(i * PART, (i + 1) * PART));
+      const bytes = await packed[i]!;
+      const parts = Math.max(1, Math.ceil(bytes.byteLength / PART));
+      const head = await this.kv.get(["kvblock", hash, width, 0]);
+      for (let p = 0; head.value === null && p < parts; p += PARTS_PER_COMMIT) {
+        const op = this.kv.atomic();
+        for (let q = p; q < Math.min(parts, p + PARTS_PER_COMMIT); q++) {
+          op.set(["kvblock", hash, width, q], bytes.subarray(q * PART, (q + 1) * PART));
+        }
+        if (!(await op.commit()).ok) {
+          throw new Error(`internal error: chunk ${hash} did not commit`);
         }
       }
-      entries.push({ hash, parts, bytes: raw.byteLength });
+      entries.push({ hash, parts, bytes: raw.byteLength, planes: width });
     }
     const manifest: SessionManifest = { ...m, version: 1, blocks: entries };
     const r = await this.kv.atomic().set(["session", m.id], manifest).commit();
@@ -155,23 +185,20 @@ export class SessionStore {
   async restore(manifest: SessionManifest): Promise<RestoredSession> {
     const blocks: Uint8Array<ArrayBuffer>[] = [];
     for (const b of manifest.blocks) {
-      const raw = await this.#chunk(b.hash, b.parts, b.bytes);
+      const raw = await this.#chunk(b);
       if (!raw) break;
       blocks.push(raw);
     }
     return { manifest, blocks };
   }
 
-  async #chunk(
-    hash: string,
-    parts: number,
-    bytes: number,
-  ): Promise<Uint8Array<ArrayBuffer> | undefined> {
+  async #chunk(entry: ChunkRef): Promise<Uint8Array<ArrayBuffer> | undefined> {
+    const { hash, parts, bytes, planes } = entry;
     const got: Deno.KvEntryMaybe<Uint8Array>[] = [];
     for (let i = 0; i < parts; i += 10) { // getMany takes at most 10 keys
       const keys = Array.from(
         { length: Math.min(10, parts - i) },
-        (_, j) => ["chunk", hash, i + j],
+        (_, j) => planes ? ["kvblock", hash, planes, i + j] : ["chunk", hash, i + j],
       );
       got.push(...await this.kv.getMany<Uint8Array[]>(keys));
     }
@@ -180,12 +207,14 @@ export class SessionStore {
     let o = 0;
     for (const e of got) packed.set(e.value!, (o += e.value!.byteLength) - e.value!.byteLength);
     try {
-      const raw = inflateSync(packed) as Uint8Array<ArrayBuffer>;
+      const raw = planes
+        ? unpackBlock(packed, { width: planes, bytes })
+        : inflateSync(packed) as Uint8Array<ArrayBuffer>;
       const ok = raw.byteLength === bytes &&
         hasher.h64Raw(raw).toString(16).padStart(16, "0") === hash;
       return ok ? raw : undefined;
     } catch {
-      return undefined; // corrupt deflate stream
+      return undefined; // a corrupt chunk
     }
   }
 
@@ -195,7 +224,7 @@ export class SessionStore {
   }
 
   close(): void {
-    this.#deflater.close();
+    this.#packer.close();
     this.kv.close();
   }
 }

@@ -1,6 +1,7 @@
 /** SessionStore on a real Deno KV file: round trip, chunks over 64 KiB, corruption fallback. */
 import assert from "node:assert/strict";
 import { join } from "node:path";
+import { deflateSync } from "fflate";
 import { SessionStore } from "../engine/session_store.ts";
 import { rng } from "./util.ts";
 
@@ -34,7 +35,8 @@ Deno.test("session store: blocks round-trip, and a corrupt chunk keeps the valid
     assert.deepEqual(await store.list("other"), []);
 
     // Flip one byte of the second block's first part: restore stops before it.
-    const key = ["chunk", m.blocks[1].hash, 0];
+    assert.equal(m.blocks[1].planes, 4, "f32 elements (no kv field)");
+    const key = ["kvblock", m.blocks[1].hash, 4, 0];
     const part = (await store.kv.get<Uint8Array>(key)).value!;
     part[100] ^= 0xff;
     await store.kv.set(key, part);
@@ -61,7 +63,7 @@ Deno.test("session store: a later snapshot reuses chunks by reference and writes
     assert.equal(first.length, 2);
     const chunks = async () => {
       let n = 0;
-      for await (const _ of store.kv.list({ prefix: ["chunk"] })) n++;
+      for await (const _ of store.kv.list({ prefix: ["kvblock"] })) n++;
       return n;
     };
     const before = await chunks();
@@ -79,6 +81,43 @@ Deno.test("session store: a later snapshot reuses chunks by reference and writes
     const back = await store.restore(m);
     assert.equal(back.blocks.length, 3);
     back.blocks.forEach((b, i) => assert.deepEqual(b, blocks[i]));
+  } finally {
+    store.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("session store: chunks of earlier snapshots (whole blocks deflated) still restore", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "strata-store-" });
+  const store = await SessionStore.open(join(dir, "s.sqlite"));
+  try {
+    // What a snapshot wrote before blocks were packed in planes: ["chunk", hash, i] values of
+    // the deflated block, and entries without `planes`.
+    const old = block(7, 150_000), meta = { id: "o", model: "m", computed: 16 };
+    const tokens = Uint32Array.from({ length: 17 }, (_, i) => i);
+    const [entry] = await store.save({ ...meta, tokens, createdAt: 1, updatedAt: 2 }, [old]);
+    const packed = deflateSync(old, { level: 1 });
+    const parts = Math.ceil(packed.byteLength / 60_000);
+    for (let i = 0; i < parts; i++) {
+      await store.kv.set(["chunk", entry.hash, i], packed.subarray(i * 60_000, (i + 1) * 60_000));
+    }
+    const legacy = { hash: entry.hash, parts, bytes: old.byteLength };
+    const [m] = await store.list();
+    await store.kv.set(["session", "o"], { ...m, blocks: [legacy] });
+    for await (const e of store.kv.list({ prefix: ["kvblock"] })) await store.kv.delete(e.key);
+    const [back] = await store.list();
+    assert.deepEqual(back.blocks, [legacy]);
+    assert.deepEqual((await store.restore(back)).blocks, [old]);
+    // A later turn refers to it; new blocks are packed in planes beside it.
+    const next = block(8, 150_000);
+    const longer = Uint32Array.from({ length: 33 }, (_, i) => i);
+    const entries = await store.save(
+      { ...meta, tokens: longer, computed: 32, createdAt: 1, updatedAt: 3 },
+      [legacy, next],
+    );
+    assert.equal(entries[1].planes, 4);
+    const [m2] = await store.list();
+    assert.deepEqual((await store.restore(m2)).blocks, [old, next]);
   } finally {
     store.close();
     await Deno.remove(dir, { recursive: true });

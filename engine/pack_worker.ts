@@ -1,7 +1,8 @@
 /**
- * Worker side of `Packer` (engine/session_store.ts): packs session snapshot blocks
+ * Worker side of `Packer` (engine/session_store.ts): hashes and packs session snapshot blocks
  * (engine/kv_codec.ts) off the main thread, where they would hold up streamed tokens.
  */
+import xxhash from "xxhash-wasm";
 import { packBlock } from "./kv_codec.ts";
 
 /** A request: pack `raw`, a block of `width`-byte elements; answer with the same `id`. */
@@ -11,9 +12,10 @@ export interface PackRequest {
   width: number;
 }
 
-/** The answer: the packed bytes, or why it failed. */
+/** The answer: the block's xxh64 (16 hex digits) and packed bytes, or why it failed. */
 export interface PackResponse {
   id: number;
+  hash?: string;
   packed?: Uint8Array;
   error?: string;
 }
@@ -24,11 +26,15 @@ const scope = self as unknown as {
   postMessage(message: PackResponse, transfer?: Transferable[]): void;
 };
 
-scope.onmessage = (e) => {
+// Not awaited at the top: a message arriving before a top-level await settled would be lost.
+const hasher = xxhash();
+
+scope.onmessage = async (e) => {
   const { id, raw, width } = e.data;
   try {
+    const hash = (await hasher).h64Raw(raw).toString(16).padStart(16, "0");
     const packed = packBlock(raw, width);
-    scope.postMessage({ id, packed }, [packed.buffer]);
+    scope.postMessage({ id, hash, packed }, [packed.buffer]);
   } catch (err) {
     scope.postMessage({ id, error: String(err) });
   }

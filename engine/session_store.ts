@@ -13,11 +13,23 @@ import type { PackRequest, PackResponse } from "./pack_worker.ts";
 
 const hasher = await xxhash();
 
+/** xxh64 of a block's bytes, as chunk keys name it. */
+export function chunkHash(raw: Uint8Array): string {
+  return hasher.h64Raw(raw).toString(16).padStart(16, "0");
+}
+
+/** A block packed for the store: its hash and packed bytes. */
+interface Packed {
+  hash: string;
+  packed: Uint8Array;
+}
+
 /**
- * Packs blocks in workers (engine/pack_worker.ts), so that snapshot writes neither hold the event
- * loop nor fall behind: a TinyLlama block (720 kB of f32 K and V) takes milliseconds to pack, and
- * a burst of sessions brings hundreds. Up to {@linkcode PACKERS} workers, requests dealt out in
- * turn. If a worker fails, pending and later blocks are packed on the calling thread.
+ * Hashes and packs blocks in workers (engine/pack_worker.ts), so that snapshot writes neither
+ * hold the event loop nor fall behind: a TinyLlama block (720 kB of f32 K and V) takes
+ * milliseconds, and a burst of sessions brings hundreds. Up to {@linkcode PACKERS} workers,
+ * requests dealt out in turn. If a worker fails, later blocks are packed on the calling thread,
+ * and so are pending ones whose bytes were copied rather than handed over.
  */
 class Packer {
   readonly #workers: Worker[] = [];
@@ -28,21 +40,28 @@ class Packer {
     {
       raw: Uint8Array;
       width: number;
-      resolve: (b: Uint8Array) => void;
+      resolve: (b: Packed) => void;
       reject: (e: Error) => void;
     }
   >();
 
-  pack(raw: Uint8Array, width: number): Promise<Uint8Array> {
-    if (this.#broken) return Promise.resolve(packBlock(raw, width));
+  /**
+   * Packs `raw`. With `give`, a block that is its whole buffer is handed to the worker (and
+   * detached here) instead of copied.
+   */
+  pack(raw: Uint8Array, width: number, give = false): Promise<Packed> {
+    if (this.#broken) return Promise.resolve(inPlace(raw, width));
     const id = this.#next++;
     const n = Math.max(1, Math.min(PACKERS, navigator.hardwareConcurrency - 1));
     const worker = this.#workers[id % n] ??= this.#start();
-    // A compact copy, transferred: posting a view would clone its whole underlying buffer.
-    const copy = raw.slice();
+    // Transferred, never cloned: posting a view would clone its whole underlying buffer.
+    const whole = raw.byteOffset === 0 && raw.byteLength === raw.buffer.byteLength;
+    const sent = give && whole ? raw : raw.slice();
     return new Promise((resolve, reject) => {
-      this.#pending.set(id, { raw: copy, width, resolve, reject });
-      worker.postMessage({ id, raw: copy, width } satisfies PackRequest, [copy.buffer]);
+      this.#pending.set(id, { raw: sent, width, resolve, reject });
+      worker.postMessage({ id, raw: sent, width } satisfies PackRequest, [
+        sent.buffer as ArrayBuffer,
+      ]);
     });
   }
 
@@ -52,8 +71,9 @@ class Packer {
       const p = this.#pending.get(e.data.id);
       if (!p) return;
       this.#pending.delete(e.data.id);
-      if (e.data.packed) p.resolve(e.data.packed);
-      else p.reject(new Error(`packing a block failed: ${e.data.error}`));
+      const { packed, hash, error } = e.data;
+      if (packed && hash) p.resolve({ hash, packed });
+      else p.reject(new Error(`packing a block failed: ${error}`));
     };
     w.onerror = (e) => {
       e.preventDefault();
@@ -64,15 +84,24 @@ class Packer {
     return w;
   }
 
-  /** Stops the workers; blocks still pending are packed here. */
+  /**
+   * Stops the workers. Pending blocks are packed here, or rejected when their bytes went to a
+   * worker (flush snapshots before closing the store).
+   */
   close(): void {
     for (const w of this.#workers) w?.terminate();
     this.#workers.length = 0;
     for (const [id, p] of this.#pending) {
       this.#pending.delete(id);
-      p.resolve(packBlock(p.raw, p.width));
+      // A transferred buffer is detached: its view reads as empty.
+      if (p.raw.buffer.byteLength) p.resolve(inPlace(p.raw, p.width));
+      else p.reject(new Error("the snapshot worker stopped before packing a block"));
     }
   }
+}
+
+function inPlace(raw: Uint8Array, width: number): Packed {
+  return { hash: chunkHash(raw), packed: packBlock(raw, width) };
 }
 
 /** Most packing workers (fewer on machines with fewer cores: one core stays for the server). */
@@ -134,15 +163,21 @@ export class SessionStore {
    * Writes a session: its block chunks (each K‖V block byte array, or a {@linkcode ChunkRef} to
    * one an earlier snapshot wrote), then its manifest in one atomic commit. Returns the
    * manifest's block entries.
+   *
+   * @param opts.give the blocks that are their whole buffers may be handed to the packing
+   *   workers instead of copied: they read as empty afterwards
    */
   async save(
     m: Omit<SessionManifest, "blocks" | "version">,
     blocks: (Uint8Array | ChunkRef)[],
+    opts: { give?: boolean } = {},
   ): Promise<ChunkRef[]> {
     const width = m.kv === "f16" ? 2 : 4;
-    // Packed all at once (the workers share them out), written in order.
+    // Packed all at once (the workers share them out), written in order. Sizes first: a block
+    // handed to a worker reads as empty here.
+    const sizes = blocks.map((raw) => raw instanceof Uint8Array ? raw.byteLength : 0);
     const packed = blocks.map((raw) =>
-      raw instanceof Uint8Array ? this.#packer.pack(raw, width) : undefined
+      raw instanceof Uint8Array ? this.#packer.pack(raw, width, opts.give) : undefined
     );
     packed.forEach((p) => p?.catch(() => {})); // awaited below, in order
     const entries: ChunkRef[] = [];
@@ -151,20 +186,20 @@ export class SessionStore {
         entries.push(raw);
         continue;
       }
-      const hash = hasher.h64Raw(raw).toString(16).padStart(16, "0");
-      const bytes = await packed[i]!;
-      const parts = Math.max(1, Math.ceil(bytes.byteLength / PART));
+      const bytes = sizes[i];
+      const { hash, packed: data } = await packed[i]!;
+      const parts = Math.max(1, Math.ceil(data.byteLength / PART));
       const head = await this.kv.get(["kvblock", hash, width, 0]);
       for (let p = 0; head.value === null && p < parts; p += PARTS_PER_COMMIT) {
         const op = this.kv.atomic();
         for (let q = p; q < Math.min(parts, p + PARTS_PER_COMMIT); q++) {
-          op.set(["kvblock", hash, width, q], bytes.subarray(q * PART, (q + 1) * PART));
+          op.set(["kvblock", hash, width, q], data.subarray(q * PART, (q + 1) * PART));
         }
         if (!(await op.commit()).ok) {
           throw new Error(`internal error: chunk ${hash} did not commit`);
         }
       }
-      entries.push({ hash, parts, bytes: raw.byteLength, planes: width });
+      entries.push({ hash, parts, bytes, planes: width });
     }
     const manifest: SessionManifest = { ...m, version: 1, blocks: entries };
     const r = await this.kv.atomic().set(["session", m.id], manifest).commit();
@@ -210,8 +245,7 @@ export class SessionStore {
       const raw = planes
         ? unpackBlock(packed, { width: planes, bytes })
         : inflateSync(packed) as Uint8Array<ArrayBuffer>;
-      const ok = raw.byteLength === bytes &&
-        hasher.h64Raw(raw).toString(16).padStart(16, "0") === hash;
+      const ok = raw.byteLength === bytes && chunkHash(raw) === hash;
       return ok ? raw : undefined;
     } catch {
       return undefined; // a corrupt chunk

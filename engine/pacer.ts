@@ -47,7 +47,7 @@ export class Pacer {
   sleepMs(inflight: readonly Paced[], now = performance.now()): number {
     let end = this.#doneAt, prefill = 0;
     for (const sub of inflight) {
-      const per = this.#ms.get(sub.work);
+      const per = this.#ms.get(sub.work) ?? this.#below(sub.work);
       if (per === undefined) return 0;
       const ms = sub.o.prefill ? per : per * sub.o.steps;
       if (sub.o.prefill) prefill += ms;
@@ -55,6 +55,22 @@ export class Pacer {
     }
     const rest = end - now - prefill / 10;
     return rest >= PACE_MIN_MS ? rest - PACE_MARGIN_MS : 0;
+  }
+
+  /**
+   * For work not measured yet, the estimate of the largest measured work of its kind below it
+   * (`decode 13` takes at least what `decode 12` took): the loop sleeps less than it could and
+   * blocks for the rest, instead of blocking for all of it. Bursts of requests change the batch
+   * width every round, and widths are learnt only from lone submissions.
+   */
+  #below(work: string): number | undefined {
+    const [kind, n] = work.split(" ");
+    let best: number | undefined, size = -1;
+    for (const [w, ms] of this.#ms) {
+      const [k, m] = w.split(" ");
+      if (k === kind && Number(m) < Number(n) && Number(m) > size) [best, size] = [ms, Number(m)];
+    }
+    return best;
   }
 
   /**

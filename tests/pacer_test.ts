@@ -29,8 +29,16 @@ Deno.test("pacer: nothing measured, no sleep; a wait that blocked gives the time
   assert.ok(Math.abs(p.sleepMs([next], 150) - (142 + 41.6 - 150 - PACE_MARGIN_MS)) < 1e-9);
   // Too little left: wait now.
   assert.equal(p.sleepMs([next], 142 + 41.6 - PACE_MIN_MS + 0.5), 0);
-  // Another width is unknown, so a batch that holds one is not paced.
-  assert.equal(p.sleepMs([next, decode(2, 4, 143)], 150), 0);
+  // A wider batch not measured yet takes at least what the widest narrower one did: after
+  // `next`, 4 steps of width 2 at 1.3 ms.
+  const wider = decode(2, 4, 143);
+  const end = 142 + 41.6 + 4 * 1.3;
+  assert.ok(Math.abs(p.sleepMs([next, wider], 150) - (end - 150 - PACE_MARGIN_MS)) < 1e-9);
+  // Nothing measured at or below a width: a batch that holds it is not paced.
+  const q = new Pacer();
+  q.learn([decode(4, 10, 0)], 5, 20);
+  assert.equal(q.sleepMs([decode(4, 10, 30), decode(2, 4, 31)], 35), 0);
+  assert.equal(q.sleepMs([prefill(64, 30)], 35), 0, "decode times say nothing of prefill");
 });
 
 Deno.test("pacer: estimates average, shrink after a wait that did not block, skip batches", () => {

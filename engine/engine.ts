@@ -402,15 +402,16 @@ export class Engine implements EngineLike {
   }
 
   /**
-   * Returns to the event loop for `ms` (default: one timer's wait), or until new work arrives:
-   * sockets, timers and other I/O get their turn. Needed because readbacks block the event loop
+   * Returns to the event loop for `ms` (default: one timer's wait; a sleep of `ms` > 0 ends
+   * early when new work arrives): sockets, timers and other I/O get their turn. Needed because readbacks block the event loop
    * until the GPU is done and then resolve without a timer (engine/readback.ts): a loop
    * awaiting only them would never let the event loop poll, and HTTP writes and new
    * connections would wait for the generation to end.
    *
    * `setTimeout(0)` takes ≈ 2 ms (p50, dev machine and the H200's host), which the GPU covers
-   * while it runs the held submission; a request arriving meanwhile cuts it short, so it does
-   * not add to that request's time to first token. Cheaper yields fall short: `setImmediate`
+   * while it runs the held submission; a request arriving meanwhile waits for it (≤ 2 ms of
+   * its time to first token; arrivals used to cut it short, and a burst of them then kept
+   * timers from running for 160 ms). Cheaper yields fall short: `setImmediate`
    * and `MessageChannel` return without polling sockets, and awaiting a fast async op (≈ 40 µs)
    * polls them once, so a request needing a few round trips through the loop waited several
    * readbacks.
@@ -418,10 +419,12 @@ export class Engine implements EngineLike {
   async #yield(ms = 0): Promise<void> {
     await new Promise<void>((resolve) => {
       const timer = setTimeout(resolve, ms);
-      this.#wake = () => {
-        clearTimeout(timer);
-        resolve();
-      };
+      if (ms > 0) {
+        this.#wake = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+      }
     });
     this.#wake = undefined;
   }

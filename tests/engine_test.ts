@@ -397,27 +397,39 @@ Deno.test("engine: tokens do not depend on batch composition or steps per submis
   });
 });
 
-Deno.test("engine: a burst of requests prefills a chunk's worth of prompt tokens per readback round", async () => {
+Deno.test("engine: a burst beside running streams prefills a chunk's worth per readback round", async () => {
   await testGpu();
   await withTestModel(SMALL_MODEL, async (dir) => {
-    // Each readback blocks the event loop until the GPU has done everything queued, so five
-    // 40-token prompts arriving together must not all be queued at once (200 tokens).
-    const engine = await Engine.load(dir, { maxSlots: 6, contextLength: 256, maxChunk: 64 });
     const prompt = (seed: number, n = 40) =>
       Array.from({ length: n }, (_, i) => 10 + ((i * 7 + seed) % 90));
-    const burst = await Promise.all(
-      [0, 1, 2, 3, 4].map((i) => collect(engine, prompt(i), greedy(6))),
-    );
+    const burst = (engine: Engine) =>
+      Promise.all([0, 1, 2, 3, 4].map((i) => collect(engine, prompt(i), greedy(6))));
+    // On an idle engine a burst is admitted whole, so that the sequences decode together: the
+    // first starts alone, the other four prompts (160 tokens) are queued at once.
+    const idle = await Engine.load(dir, { maxSlots: 6, contextLength: 256, maxChunk: 64 });
+    const together = await burst(idle);
+    assert.equal(idle.hostStats().prefillPeak, 160);
+    // Beside a decoding stream, each readback blocks the event loop (and the stream) until the
+    // GPU has done everything queued: at most 64 prompt tokens per round.
+    const engine = await Engine.load(dir, { maxSlots: 6, contextLength: 256, maxChunk: 64 });
+    const long = collect(engine, prompt(9), greedy(120));
+    const start = engine.hostStats().steps;
+    while (engine.hostStats().steps < start + 24) await new Promise((r) => setTimeout(r, 1));
+    const beside = await burst(engine);
+    await long;
     assert.ok(
       engine.hostStats().prefillPeak <= 64,
       `${engine.hostStats().prefillPeak} prompt tokens queued at once`,
     );
-    for (let i = 0; i < burst.length; i++) {
-      const alone = await collect(engine, prompt(i), greedy(6));
-      assert.deepEqual(burst[i].tokens, alone.tokens, `prompt ${i}`);
+    for (let i = 0; i < beside.length; i++) {
+      assert.deepEqual(beside[i].tokens, together[i].tokens, `prompt ${i}`);
     }
     // A prompt longer than a chunk still goes to the GPU whole, in chunks.
-    await collect(engine, prompt(9, 150), greedy(2));
+    const again = collect(engine, prompt(9), greedy(60));
+    const now = engine.hostStats().steps;
+    while (engine.hostStats().steps < now + 24) await new Promise((r) => setTimeout(r, 1));
+    await collect(engine, prompt(8, 150), greedy(2));
+    await again;
     assert.equal(engine.hostStats().prefillPeak, 150);
   });
 });

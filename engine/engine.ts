@@ -410,19 +410,17 @@ export class Engine implements EngineLike {
   /**
    * Returns to the event loop for `ms` (default: one timer's wait), or until new work arrives
    * when that is a sleep (`ms` > 0) or no sequence runs: sockets, timers and other I/O get their
-   * turn. Needed because readbacks block the event loop
-   * until the GPU is done and then resolve without a timer (engine/readback.ts): a loop
-   * awaiting only them would never let the event loop poll, and HTTP writes and new
-   * connections would wait for the generation to end.
+   * turn. Needed because readbacks block the event loop until the GPU is done and then resolve
+   * without a timer (engine/readback.ts): a loop awaiting only them would never let the event
+   * loop poll, and HTTP writes and new connections would wait for the generation to end.
    *
    * `setTimeout(0)` takes ≈ 2 ms (p50, dev machine and the H200's host), which the GPU covers
    * while it runs the held submission. A request arriving meanwhile cuts it short only when no
    * sequence runs (then it does not add to the first token's time); while streams run it waits
    * (≤ 2 ms), or a burst of arrivals, each cutting the yield short, kept timers from running for
-   * 160 ms. Cheaper yields fall short: `setImmediate`
-   * and `MessageChannel` return without polling sockets, and awaiting a fast async op (≈ 40 µs)
-   * polls them once, so a request needing a few round trips through the loop waited several
-   * readbacks.
+   * 160 ms. Cheaper yields fall short: `setImmediate` and `MessageChannel` return without
+   * polling sockets, and awaiting a fast async op (≈ 40 µs) polls them once, so a request
+   * needing a few round trips through the loop waited several readbacks.
    */
   async #yield(ms = 0): Promise<void> {
     await new Promise<void>((resolve) => {

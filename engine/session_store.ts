@@ -14,7 +14,7 @@ import type { PackRequest, PackResponse } from "./pack_worker.ts";
 const hasher = await xxhash();
 
 /** xxh64 of a block's bytes, as chunk keys name it. */
-export function chunkHash(raw: Uint8Array): string {
+function chunkHash(raw: Uint8Array): string {
   return hasher.h64Raw(raw).toString(16).padStart(16, "0");
 }
 
@@ -189,8 +189,10 @@ export class SessionStore {
       const bytes = sizes[i];
       const { hash, packed: data } = await packed[i]!;
       const parts = Math.max(1, Math.ceil(data.byteLength / PART));
-      const head = await this.kv.get(["kvblock", hash, width, 0]);
-      for (let p = 0; head.value === null && p < parts; p += PARTS_PER_COMMIT) {
+      // Parts are committed in order, so the last one present means the chunk is whole (a crash
+      // between two commits of a big chunk leaves it to be written again).
+      const tail = await this.kv.get(["kvblock", hash, width, parts - 1]);
+      for (let p = 0; tail.value === null && p < parts; p += PARTS_PER_COMMIT) {
         const op = this.kv.atomic();
         for (let q = p; q < Math.min(parts, p + PARTS_PER_COMMIT); q++) {
           op.set(["kvblock", hash, width, q], data.subarray(q * PART, (q + 1) * PART));

@@ -23,16 +23,18 @@ const COPY_SLICE = 4 << 20;
  */
 async function copyOut(staging: GPUBuffer, n: number, bytes: number): Promise<Uint8Array[]> {
   const blocks: Uint8Array[] = [];
-  for (let i = 0, since = COPY_SLICE; i < n; i++) {
-    if (since >= COPY_SLICE) {
-      await new Promise((r) => setTimeout(r, 0));
-      since = 0;
+  try {
+    for (let i = 0, since = COPY_SLICE; i < n; i++) {
+      if (since >= COPY_SLICE) {
+        await new Promise((r) => setTimeout(r, 0));
+        since = 0;
+      }
+      blocks.push(new Uint8Array(staging.getMappedRange(i * bytes, bytes).slice(0)));
+      since += bytes;
     }
-    blocks.push(new Uint8Array(staging.getMappedRange(i * bytes, bytes).slice(0)));
-    since += bytes;
+  } finally {
+    staging.destroy(); // unmaps it too
   }
-  staging.unmap();
-  staging.destroy();
   return blocks;
 }
 

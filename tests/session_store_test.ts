@@ -123,3 +123,22 @@ Deno.test("session store: chunks of earlier snapshots (whole blocks deflated) st
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("session store: a block of more values than one commit takes round-trips", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "strata-store-" });
+  const store = await SessionStore.open(join(dir, "s.sqlite"));
+  try {
+    // 1.2 MB of noise: ~20 values of 60 kB, written in two atomic commits (Deno KV takes 800 KiB).
+    const r = rng(11);
+    const big = Uint8Array.from({ length: 1_200_000 }, () => r.int(256));
+    const meta = { id: "big", model: "m", computed: 16, createdAt: 1, updatedAt: 2 };
+    const tokens = Uint32Array.from({ length: 17 }, (_, i) => i);
+    const [entry] = await store.save({ ...meta, tokens }, [big]);
+    assert.ok(entry.parts > 12, `${entry.parts} parts`);
+    const [m] = await store.list();
+    assert.deepEqual((await store.restore(m)).blocks, [big]);
+  } finally {
+    store.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+});

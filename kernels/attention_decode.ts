@@ -3,7 +3,8 @@
  * (rope_kv's work at decode, without its dispatch): each workgroup step takes a chunk of 64 keys
  * (4 threads per key, online softmax, no long serial loops), in one pass when the batch alone
  * fills the GPU or the context is short, else split along the KV length (flash-decoding), the
- * splits merged by the last workgroup to finish (`main_fold`) or by a parallel `combine`. See kernels/attention_decode.wgsl for the kernel and why it looks this way.
+ * splits merged by the last workgroup to finish (`main_fold`) or by a parallel `combine`. See
+ * kernels/attention_decode.wgsl for the kernel and why it looks this way.
  *
  * The split heuristic's constants below are reasoned from the H200's shape (132 SMs); the
  * single-pass threshold (`FULL_GPU`) was checked against split counts at batch 8 and 32 there.
@@ -37,7 +38,7 @@ const TARGET_WORKGROUPS = 256;
 const SERIAL_CHUNKS = 4;
 /** Partials a thread of the fold holds (`FMAX`). */
 const FMAX = 16;
-/** Storage buffers `main` binds when it folds the splits itself (`FOLD`). */
+/** Storage buffers `main_fold` binds (`main` and `combine`: at most eight). */
 const FOLD_BUFFERS = 10;
 /** Most splits (`combine` loads one (m, l) per thread). */
 const MAX_SPLITS = 64;
@@ -334,7 +335,8 @@ export function attentionDecodeDispatches(
   if (scratch && scratch.size < bytes) {
     throw new Error(`internal error: decode scratch has ${scratch.size} bytes, needs ${bytes}`);
   }
-  // The fold: n splits need n (m, l) rows of `buf` (n <= keys) and FMAX loads per thread.
+  // `main_fold`: n splits need n packed (m, l) entries per row of `buf` (n <= keys) and at most
+  // FMAX loads per thread.
   const fg = Math.max(1, Math.floor(geo.wg / (geo.rows * (D / 4))));
   const fold = !!scratch && (opts.fold ?? true) && splits <= Math.min(geo.keys, FMAX * fg) &&
     gpu.device.limits.maxStorageBuffersPerShaderStage >= FOLD_BUFFERS;

@@ -2,9 +2,8 @@
  * Decode attention for a ragged batch, with the new token's RoPE and KV-cache write folded in
  * (rope_kv's work at decode, without its dispatch): each workgroup step takes a chunk of 64 keys
  * (4 threads per key, online softmax, no long serial loops), in one pass when the batch alone
- * fills the GPU or the context is short, else split along the KV length (flash-decoding), the
- * splits merged by the last workgroup to finish (`main_fold`) or by a parallel `combine`. See
- * kernels/attention_decode.wgsl for the kernel and why it looks this way.
+ * fills the GPU or the context is short, else split along the KV length (flash-decoding) with a
+ * parallel `combine`. See kernels/attention_decode.wgsl for the kernel and why it looks this way.
  *
  * The split heuristic's constants below are reasoned from the H200's shape (132 SMs); the
  * single-pass threshold (`FULL_GPU`) was checked against split counts at batch 8 and 32 there.
@@ -14,7 +13,7 @@
  */
 import type { KvDtype } from "../engine/dtype.ts";
 import { createStorage, type Gpu, isCpuAdapter } from "../engine/gpu.ts";
-import { type Dispatch, params, pipeline, uniform, wgsl } from "./dispatch.ts";
+import { bindGroup, type Dispatch, params, pipeline, uniform, wgsl } from "./dispatch.ts";
 
 /** Threads of `main`, largest first (the first that fits the budget wins). */
 const THREADS = [256, 128, 64];
@@ -36,10 +35,6 @@ const TARGET_WORKGROUPS = 256;
  * chunks should cost about what a second dependent dispatch does (~2 µs on the H200).
  */
 const SERIAL_CHUNKS = 4;
-/** Partials a thread of the fold holds (`FMAX`). */
-const FMAX = 16;
-/** Storage buffers `main_fold` binds (`main` and `combine`: at most eight). */
-const FOLD_BUFFERS = 10;
 /** Most splits (`combine` loads one (m, l) per thread). */
 const MAX_SPLITS = 64;
 /** Threads of `combine`; each holds at most `CMAX` partials. */
@@ -124,11 +119,6 @@ export interface AttentionDecodeOptions extends AttentionDecodeScratchOptions {
   minRowGroups?: number;
   /** Element type of the pools (default f32). */
   kvDtype?: KvDtype;
-  /**
-   * With splits, let the last workgroup of each (slot, kv head) merge them instead of a
-   * `combine` dispatch (default: when the device allows; see {@linkcode attentionDecodeDispatches}).
-   */
-  fold?: boolean;
 }
 
 /** Split count for these options: 1 = single pass, no `combine`. */
@@ -220,7 +210,7 @@ export function attentionDecodeGeometry(
       const rows = Math.ceil(group / rowGroups);
       for (let rpr = Math.min(rows, 2); rpr >= 1; rpr--) {
         const bytes = 16 * rows * d4 + 16 * Math.max(rows * keys, rpr * kg * d4) +
-          4 * rows * keys + 4 * rows * MP + 4 * rows + 4 * 2 * (keys / 16) + 4 + 8 * rows + 4;
+          4 * rows * keys + 4 * rows * MP + 4 * rows + 4 * 2 * (keys / 16) + 4;
         if (bytes <= budget) return { wg, keys, rows, rowGroups, rpr, bytes };
       }
     }
@@ -247,17 +237,6 @@ fn kv_put(v: vec4<f32>) -> KV { return vec2<u32>(pack2x16float(v.xy), pack2x16fl
 };
 
 const shared = new WeakMap<GPUDevice, GPUBuffer>();
-const counts = new WeakMap<GPUDevice, GPUBuffer>();
-
-/** The per-device arrival counts of the fold (zeros; each fold leaves them at zero). */
-function sharedCounts(gpu: Gpu, n: number): GPUBuffer {
-  let b = counts.get(gpu.device);
-  if (!b || b.size < 4 * n) {
-    b = createStorage(gpu, 4 * n, undefined, "attention_decode arrivals");
-    counts.set(gpu.device, b);
-  }
-  return b;
-}
 
 /** The per-device shared scratch, grown when too small (old bind groups keep the old one). */
 function sharedScratch(gpu: Gpu, bytes: number): GPUBuffer {
@@ -280,10 +259,8 @@ function sharedScratch(gpu: Gpu, bytes: number): GPUBuffer {
  *
  * One dispatch (a single pass) when `seqs · nKvHeads` workgroups already fill an H200 (≥ 256) or
  * `maxContext` is at most 256 keys; otherwise up to 64 splits (about 256 workgroups, at most one
- * per 64 keys of `maxContext`), merged by the last workgroup of each (slot, kv head) to finish
- * where the device binds ten storage buffers and the splits fit (`fold`), else by a `combine`
- * dispatch. Each slot's chunks are spread over the splits by its own length, so any length stays
- * correct; `maxContext` only sets the split count.
+ * per 64 keys of `maxContext`) and a `combine` dispatch. Each slot's chunks are spread over the
+ * splits by its own length, so any length stays correct; `maxContext` only sets the split count.
  *
  * When the launch still has fewer than 256 workgroups (`splits · nKvHeads · seqs`: small batches,
  * short contexts), the q heads of a kv head are shared by two workgroups instead of one (4 rows
@@ -335,11 +312,6 @@ export function attentionDecodeDispatches(
   if (scratch && scratch.size < bytes) {
     throw new Error(`internal error: decode scratch has ${scratch.size} bytes, needs ${bytes}`);
   }
-  // `main_fold`: n splits need n packed (m, l) entries per row of `buf` (n <= keys) and at most
-  // FMAX loads per thread.
-  const fg = Math.max(1, Math.floor(geo.wg / (geo.rows * (D / 4))));
-  const fold = !!scratch && (opts.fold ?? true) && splits <= Math.min(geo.keys, FMAX * fg) &&
-    gpu.device.limits.maxStorageBuffersPerShaderStage >= FOLD_BUFFERS;
   const constants = {
     WG: geo.wg,
     HD: D,
@@ -347,11 +319,7 @@ export function attentionDecodeDispatches(
     RPR: geo.rpr,
   };
   const prelude = wgsl("rope_common.wgsl") + KV_PRELUDE[opts.kvDtype ?? "f32"];
-  const main = pipeline(gpu, "attention_decode.wgsl", {
-    constants,
-    prelude,
-    entryPoint: fold ? "main_fold" : "main",
-  });
+  const main = pipeline(gpu, "attention_decode.wgsl", { constants, prelude });
   const scale = opts.scale ?? 1 / Math.sqrt(D);
   const u = uniform(
     gpu,
@@ -372,26 +340,25 @@ export function attentionDecodeDispatches(
   const kv = opts.kvDtype === "f16" ? " kv f16" : "";
   const label = `attention_decode S${seqs} ${nHeads}/${nKvHeads}x${D}${kv} L${layer} ` +
     `${geo.rows}x${geo.keys}/${geo.wg}`;
-  const own = [u, b.qkv, b.pos, b.invFreq, b.blockTable, b.seqLen, b.kPool, b.vPool];
-  const entries = (list: GPUBuffer[], from = 0) =>
-    list.map((buffer, i) => ({ binding: from + i, resource: { buffer } }));
   const dispatches: Dispatch[] = [{
-    label: splits === 1
-      ? `${label} single pass`
-      : `${label} ${splits} splits${fold ? " folded" : ""}`,
+    label: splits === 1 ? `${label} single pass` : `${label} ${splits} splits`,
     pipeline: main,
-    // Eight storage buffers without the fold (the default limit): `main` writes `out`, or with
-    // splits the partials, through its one `dst` binding; the fold adds `out` and the counts.
-    bindGroup: gpu.device.createBindGroup({
-      layout: main.getBindGroupLayout(0),
-      entries: [
-        ...entries([...own, scratch ?? b.out]),
-        ...(fold ? entries([b.out, sharedCounts(gpu, seqs * nKvHeads * geo.rowGroups)], 10) : []),
-      ],
-    }),
+    // Eight storage buffers (the default limit): `main` writes `out`, or with splits the
+    // partials, through its one `dst` binding.
+    bindGroup: bindGroup(gpu, main, [
+      u,
+      b.qkv,
+      b.pos,
+      b.invFreq,
+      b.blockTable,
+      b.seqLen,
+      b.kPool,
+      b.vPool,
+      scratch ?? b.out,
+    ]),
     workgroups: [splits, nKvHeads * geo.rowGroups, seqs],
   }];
-  if (scratch && !fold) {
+  if (scratch) {
     const combine = pipeline(gpu, "attention_decode.wgsl", {
       constants,
       prelude,

@@ -53,18 +53,14 @@
 // buffer, and `combine`, a workgroup per (q head, slot), loads every split's partial at once (one
 // or a few loads per thread, no serial chain) and merges them:
 // out = sum_c acc_c 2^(m_c - M) / sum_c l_c 2^(m_c - M).
-// Or, where the device allows ten storage buffers, `main_fold` does that merge in the last
-// workgroup of each (slot, kv head, row group) to finish (see `fold`), and the layer keeps one
-// dispatch: on the H200, +1.5-1.8 % decode tok/s at batch 8 and +0.8 % at 16 against `combine`,
-// the same at batch 1 and 32 (bench, alternating builds).
 // A slot with seq_len 0 gets zeros.
 //
 // Keys at or past seq_len (possibly stale or NaN in the cache) are never loaded: their scores are
 // masked before the max and exp, and their V rows are zeros. Scores are in base 2 (q pre-scaled
 // by scale * log2(e)). No subgroups or `enable f16` (an f16 cache is packed in u32 words), so it
-// also runs on llvmpipe through GL. Eight storage buffers for `main` and `combine` (the WebGPU
+// also runs on llvmpipe through GL. Eight storage buffers per entry point at most (the WebGPU
 // default): `main` writes its result to `dst`, which is `out` in a single pass and the partials
-// when split; `main_fold` binds ten.
+// when split.
 
 override WG: u32 = 256u; // threads of `main`: 64, 128 or 256
 override HD: u32 = 64u; // head_dim, a multiple of 4
@@ -80,7 +76,6 @@ const TPK: u32 = 4u; // threads per key (scoring: one vec4 component of partial 
 const KMAX: u32 = 16u; // vec4 of a K row a thread holds: HD <= 4 * TPK * KMAX = 256
 const VMAX: u32 = 16u; // V rows per thread and chunk
 const CMAX: u32 = 16u; // partials per `combine` thread
-const FMAX: u32 = 16u; // partials per thread of `fold`
 
 override D4: u32 = HD / 4u;
 override HALF: u32 = HD / 2u; // RoPE pairs (i, i + HALF)
@@ -91,8 +86,6 @@ override KG: u32 = WG / D4; // key groups of the P.V product
 override VPT: u32 = (KEYS + KG - 1u) / KG; // keys per P.V thread and chunk, <= VMAX
 override BPC: u32 = KEYS / BLOCK; // cache blocks per chunk
 override CG: u32 = CWG / D4; // split groups of `combine`
-override FG: u32 = max(1u, WG / (ROWS * D4)); // threads per output element of `fold`
-override FZ: u32 = ROWS * KEYS / 4u; // vec4s of buf per packed array of `fold`
 
 struct Params {
   seqs: u32,
@@ -121,9 +114,6 @@ struct Params {
 // (m, l, 0, 0) [S, Hq, n_split]
 @group(0) @binding(8) var<storage, read_write> dst: array<vec4<f32>>;
 @group(0) @binding(9) var<storage, read> partials: array<vec4<f32>>; // `combine`'s input
-// `main_fold`: out [S, Hq, D4], and one arrival count per (slot, kv head, row group), left at 0.
-@group(0) @binding(10) var<storage, read_write> folded: array<vec4<f32>>;
-@group(0) @binding(11) var<storage, read_write> arrivals: array<atomic<u32>>;
 
 var<workgroup> qs: array<vec4<f32>, ROWS * D4>; // [r][d4], pre-scaled
 // [r][j] partial scores, one component per scoring thread of key j; after the chunk loop, one
@@ -135,8 +125,6 @@ var<workgroup> part: array<vec4<f32>, ROWS * MP / 4u>;
 var<workgroup> alpha: array<f32, ROWS>; // per-chunk rescale of acc; at the end the row max
 var<workgroup> blocks: array<u32, 2u * BPC>; // physical blocks of the next two chunks, by parity
 var<workgroup> len_shared: u32;
-var<workgroup> fold_last: u32; // `main_fold`: 1 in the workgroup that merges
-var<workgroup> fold_ml: array<vec2<f32>, ROWS>; // `main_fold`: (max m, sum of w l) per row
 
 var<workgroup> cm: array<vec4<f32>, CWG / 4u>; // `combine`: m per split (-inf past n)
 var<workgroup> cw: array<f32, CWG>; // `combine`: w per split
@@ -568,36 +556,8 @@ fn final_round(
   workgroupBarrier();
 }
 
-// Without splits, or with splits merged by `combine`.
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  attend(wid, lid);
-}
-
-// With splits, the last workgroup of each (slot, kv head, row group) to finish merges the splits'
-// partials into `folded` (see `fold`): no `combine` dispatch. Needs n_split <= KEYS and
-// <= FMAX * FG, and ten storage buffers (bindings 10 and 11), hence an entry point of its own.
-@compute @workgroup_size(WG)
-fn main_fold(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let a = attend(wid, lid);
-  let kvh = wid.y / p.row_groups;
-  let g0 = (wid.y % p.row_groups) * ROWS;
-  let s = wid.z;
-  if (a.y == 1u) {
-    fold(lid, s, kvh, g0, wid.y % p.row_groups, a.x);
-  } else if (a.x == 0u && wid.x == 0u) {
-    // An empty slot: no workgroup of it folds, so zeros.
-    for (var e = lid; e < ROWS * D4; e += WG) {
-      if (g0 + e / D4 < p.group) {
-        folded[head_row(s, kvh * p.group + g0 + e / D4) + e % D4] = vec4<f32>(0.0);
-      }
-    }
-  }
-}
-
-// The work of one workgroup of `main` (see the top). Returns (the splits of its slot that hold
-// keys, 1 when this workgroup wrote partials or `out`).
-fn attend(wid: vec3<u32>, lid: u32) -> vec2<u32> {
   let split = wid.x;
   let kvh = wid.y / p.row_groups;
   let g0 = (wid.y % p.row_groups) * ROWS; // first q head of the group handled here
@@ -636,9 +596,8 @@ fn attend(wid: vec3<u32>, lid: u32) -> vec2<u32> {
   }
   storageBarrier();
 
-  let n = (chunks + max(per, 1u) - 1u) / max(per, 1u); // splits that hold keys
   if (c0 >= c1) {
-    // An empty slot: the single pass writes its zeros (with splits, `combine` or `main_fold`).
+    // An empty slot: the single pass writes its zeros (with splits, `combine` does).
     if (p.n_split == 1u && split == 0u) {
       for (var e = lid; e < ROWS * D4; e += WG) {
         if (g0 + e / D4 < p.group) {
@@ -646,7 +605,7 @@ fn attend(wid: vec3<u32>, lid: u32) -> vec2<u32> {
         }
       }
     }
-    return vec2<u32>(n, 0u);
+    return;
   }
 
   // q rows, rotated at `position` and pre-scaled: thread e takes pair i of row r.
@@ -870,154 +829,6 @@ fn attend(wid: vec3<u32>, lid: u32) -> vec2<u32> {
   if (ROWS > 7u * RPR) {
     final_round(7u * RPR, kg, d4, lid, s, kvh, g0, split, acc0, acc1, acc2, acc3, acc4, acc5,
       acc6, acc7);
-  }
-  return vec2<u32>(n, 1u);
-}
-
-// `fold`: split c's weight 2^(m_c - M) for row r (0 past n).
-fn fold_w(r: u32, c: u32, n: u32) -> f32 {
-  if (c >= n) {
-    return 0.0;
-  }
-  return buf[2u * FZ + (r * KEYS + c) / 4u][c % 4u];
-}
-
-// `fold`: the max (or sum) of row r's KEYS packed entries from buf[at]: straight-line reads of
-// up to 16 vec4s (a loop would cost ~30 ns a trip on an H200).
-fn fold_row(r: u32, at: u32, is_max: bool) -> f32 {
-  let b = at + r * (KEYS / 4u);
-  var v = buf[b];
-  if (KEYS > 4u) {
-    v = fold_op(fold_op(v, buf[b + 1u], is_max), fold_op(buf[b + 2u], buf[b + 3u], is_max), is_max);
-  }
-  if (KEYS > 16u) {
-    v = fold_op(v, fold_op(fold_op(buf[b + 4u], buf[b + 5u], is_max),
-      fold_op(buf[b + 6u], buf[b + 7u], is_max), is_max), is_max);
-  }
-  if (KEYS > 32u) {
-    v = fold_op(v, fold_op(fold_op(buf[b + 8u], buf[b + 9u], is_max),
-      fold_op(buf[b + 10u], buf[b + 11u], is_max), is_max), is_max);
-    v = fold_op(v, fold_op(fold_op(buf[b + 12u], buf[b + 13u], is_max),
-      fold_op(buf[b + 14u], buf[b + 15u], is_max), is_max), is_max);
-  }
-  for (var i = 16u; i < KEYS / 4u; i++) { // chunks of more than 64 keys only
-    v = fold_op(v, buf[b + i], is_max);
-  }
-  let h = fold_op(v, v.yxwz, is_max);
-  return fold_op(h, h.zwxy, is_max).x;
-}
-
-fn fold_op(a: vec4<f32>, b: vec4<f32>, is_max: bool) -> vec4<f32> {
-  return select(a + b, max(a, b), is_max);
-}
-
-// `fold`: split c's accumulator of the head whose partials start at `base`, element d4; 0 past n.
-fn fold_acc(base: u32, c: u32, d4: u32, n: u32) -> vec4<f32> {
-  if (c >= n) {
-    return vec4<f32>(0.0);
-  }
-  return dst[(base + c) * D4 + d4];
-}
-
-// `main_fold`: called by every workgroup of (slot s, kv head kvh, row group rg) once its partials are
-// written; the last of the n that hold keys merges them as `combine` does and writes `folded`.
-// The classic last-block reduction: storageBarrier (device-scope acquire/release in SPIR-V, a
-// fence on GL) orders each workgroup's partials before its arrival, and the last one's reads
-// after it; the merge reads partials in split order, so which workgroup is last changes
-// nothing. It resets the count for the next dispatch.
-fn fold(lid: u32, s: u32, kvh: u32, g0: u32, rg: u32, n: u32) {
-  storageBarrier();
-  if (lid == 0u) {
-    let at = (s * p.n_kv_heads + kvh) * p.row_groups + rg;
-    let last = atomicAdd(&arrivals[at], 1u) + 1u == n;
-    if (last) {
-      atomicStore(&arrivals[at], 0u);
-    }
-    fold_last = select(0u, 1u, last);
-  }
-  if (workgroupUniformLoad(&fold_last) == 0u) {
-    return;
-  }
-  storageBarrier();
-
-  // m, then l, of split c of row r packed four to a vec4 (so a row reads as 16 vec4s, no loop)
-  // at buf[FZ * k + r * KEYS / 4 + c / 4][c % 4], k = 0, 1; -inf and 0 past n. The chunk loop is
-  // done with buf.
-  let ml_base = p.seqs * p.n_heads * p.n_split * D4;
-  for (var e = lid; e < ROWS * KEYS; e += WG) {
-    let r = e / KEYS;
-    let c = e % KEYS;
-    var v = vec4<f32>(NEG, 0.0, 0.0, 0.0);
-    if (c < n && g0 + r < p.group) {
-      v = dst[ml_base + (s * p.n_heads + kvh * p.group + g0 + r) * p.n_split + c];
-    }
-    buf[e / 4u][c % 4u] = v.x;
-    buf[FZ + e / 4u][c % 4u] = v.y;
-  }
-  workgroupBarrier();
-  if (lid < ROWS) {
-    fold_ml[lid].x = fold_row(lid, 0u, true); // M = max m_c
-  }
-  workgroupBarrier();
-  // The weights w_c = 2^(m_c - M) (0 past n) to buf[2 FZ + ...], w_c l_c over l.
-  for (var e = lid; e < ROWS * KEYS; e += WG) {
-    let c = e % KEYS;
-    let w = select(0.0, exp2(buf[e / 4u][c % 4u] - fold_ml[e / KEYS].x), c < n);
-    buf[2u * FZ + e / 4u][c % 4u] = w;
-    buf[FZ + e / 4u][c % 4u] *= w;
-  }
-  workgroupBarrier();
-  if (lid < ROWS) {
-    fold_ml[lid].y = fold_row(lid, FZ, false); // sum of w_c l_c
-  }
-  workgroupBarrier();
-
-  // Thread (output o = (r, d4), group cg) adds splits cg, cg + FG, ... (all loads issued up
-  // front); the FG groups' sums meet in qs (free since the chunk loop).
-  for (var o0 = 0u; o0 < ROWS * D4; o0 += WG / FG) {
-    let o = o0 + lid / FG;
-    let cg = lid % FG;
-    let r = o / D4;
-    let d4 = o % D4;
-    let live = o < ROWS * D4 && g0 + r < p.group;
-    var a = vec4<f32>(0.0);
-    if (live) {
-      let base = (s * p.n_heads + kvh * p.group + g0 + r) * p.n_split;
-      let a0 = fold_acc(base, cg, d4, n);
-      let a1 = fold_acc(base, cg + FG, d4, n);
-      let a2 = fold_acc(base, cg + 2u * FG, d4, n);
-      let a3 = fold_acc(base, cg + 3u * FG, d4, n);
-      let a4 = fold_acc(base, cg + 4u * FG, d4, n);
-      let a5 = fold_acc(base, cg + 5u * FG, d4, n);
-      let a6 = fold_acc(base, cg + 6u * FG, d4, n);
-      let a7 = fold_acc(base, cg + 7u * FG, d4, n);
-      let a8 = fold_acc(base, cg + 8u * FG, d4, n);
-      let a9 = fold_acc(base, cg + 9u * FG, d4, n);
-      let a10 = fold_acc(base, cg + 10u * FG, d4, n);
-      let a11 = fold_acc(base, cg + 11u * FG, d4, n);
-      let a12 = fold_acc(base, cg + 12u * FG, d4, n);
-      let a13 = fold_acc(base, cg + 13u * FG, d4, n);
-      let a14 = fold_acc(base, cg + 14u * FG, d4, n);
-      let a15 = fold_acc(base, cg + 15u * FG, d4, n);
-      a = a0 * fold_w(r, cg, n) + a1 * fold_w(r, cg + FG, n) + a2 * fold_w(r, cg + 2u * FG, n) +
-        a3 * fold_w(r, cg + 3u * FG, n) + a4 * fold_w(r, cg + 4u * FG, n) +
-        a5 * fold_w(r, cg + 5u * FG, n) + a6 * fold_w(r, cg + 6u * FG, n) +
-        a7 * fold_w(r, cg + 7u * FG, n) + a8 * fold_w(r, cg + 8u * FG, n) +
-        a9 * fold_w(r, cg + 9u * FG, n) + a10 * fold_w(r, cg + 10u * FG, n) +
-        a11 * fold_w(r, cg + 11u * FG, n) + a12 * fold_w(r, cg + 12u * FG, n) +
-        a13 * fold_w(r, cg + 13u * FG, n) + a14 * fold_w(r, cg + 14u * FG, n) +
-        a15 * fold_w(r, cg + 15u * FG, n);
-    }
-    for (var g = 0u; g < FG; g++) {
-      if (live && cg == g) {
-        qs[o] = select(qs[o] + a, a, g == 0u);
-      }
-      workgroupBarrier();
-    }
-    if (live && cg == 0u) {
-      folded[head_row(s, kvh * p.group + g0 + r) + d4] = qs[o] / fold_ml[r].y;
-    }
-    workgroupBarrier();
   }
 }
 

@@ -280,8 +280,6 @@ interface DecodeCase {
   splitSize?: number;
   ownScratch?: boolean;
   maxTileBytes?: number;
-  /** false: merge the splits in a `combine` dispatch instead of the last workgroup. */
-  fold?: boolean;
   /** Llama 3.1's rope scaling (theta 500000, factor 8) instead of plain theta 10000. */
   llama3?: boolean;
   kvDtype?: KvDtype;
@@ -363,7 +361,6 @@ for (
     // GQA 8, batch 8, ragged: one pass over up to 10 chunks, then 8 splits; one finished slot.
     { ...TINY_HEADS, seqLens: RAGGED, done: [3], maxContext: 640, splitSize: SINGLE },
     { ...TINY_HEADS, seqLens: RAGGED, done: [3], maxContext: 2048, llama3: true },
-    { ...TINY_HEADS, seqLens: RAGGED, done: [3], maxContext: 2048, llama3: true, fold: false },
     // Batch 1, long contexts: 32 and 64 splits of one chunk; a slot far past maxContext.
     { ...TINY_HEADS, seqLens: [2001], maxContext: 2048, llama3: true },
     { ...TINY_HEADS, seqLens: [4096], maxContext: 4096 },
@@ -411,7 +408,6 @@ for (
     },
     { ...TINY_HEADS, seqLens: [640, 1, 0, 77, 300], done: [4], maxContext: 640, kvDtype: "f16" },
     { ...THREE_SPLITS, kvDtype: "f16" },
-    { ...THREE_SPLITS, fold: false },
   ] as DecodeCase[]
 ) {
   const { nHeads, nKvHeads, headDim: D, seqLens } = c;
@@ -423,7 +419,7 @@ for (
     : "";
   const extra = split + (c.maxTileBytes ? ` tile <= ${c.maxTileBytes} B` : "") +
     (c.done ? ` done ${c.done}` : "") + (c.llama3 ? " llama3" : "") +
-    (c.kvDtype ? ` kv ${c.kvDtype}` : "") + (c.fold === false ? " combine" : "");
+    (c.kvDtype ? ` kv ${c.kvDtype}` : "");
   const name = `attention decode ${nHeads}/${nKvHeads}x${D} lens ${seqLens} ctx ${c.maxContext}`;
   Deno.test(name + extra, async () => {
     const gpu = await testGpu();
@@ -462,7 +458,6 @@ for (
       splitSize: c.splitSize,
       maxTileBytes: c.maxTileBytes,
       kvDtype,
-      fold: c.fold,
     };
     // An own scratch full of NaN: splits past a slot's end must never be read.
     const bytes = attentionDecodeScratchBytes(shape);
@@ -479,10 +474,6 @@ for (
       scratch,
     }, shape);
     await run(gpu, ds);
-    // Twice: the fold must leave its arrival counts at zero (the new tokens are written again,
-    // the same values).
-    await run(gpu, ds);
-    if (c.fold === false) assert.ok(ds.some((d) => d.label.endsWith("combine")), ds[0].label);
 
     const want = attentionDecodeRef(cache, qkv, { pos, seqLen: seqLens, invFreq, nHeads, layer });
     const got = await readF32(gpu, out, S * nHeads * D);
@@ -591,25 +582,20 @@ Deno.test("attention decode: one pass when the batch fills the GPU or the contex
     const shape = shapeOf(seqs, maxContext, extra);
     const ds = attentionDecodeDispatches(gpu, buffers, shape);
     const bytes = attentionDecodeScratchBytes(shape);
-    assert.equal(bytes === 0, ds[0].label.endsWith("single pass"), `${ds[0].label}: ${bytes} B`);
+    assert.equal(bytes === 0, ds.length === 1, `${ds[0].label}: ${bytes} bytes of scratch`);
     return ds.map((d) => d.label.replace(/^.* L0 \S+ /, "")).join(" + ");
   };
-  // Splits are merged by the last workgroup to finish (`main_fold`), or by `combine`.
-  assert.equal(plan(32, 2048), "2 splits folded");
-  assert.equal(plan(32, 2048, { fold: false }), "2 splits + combine");
+  assert.equal(plan(32, 2048), "2 splits + combine");
   assert.equal(plan(64, 4096), "single pass");
   assert.equal(plan(1, 256), "single pass");
-  assert.equal(plan(1, 2048), "32 splits folded");
-  // 64 splits of 8 rows are more than a fold holds (16 partials a thread, 2 threads an element).
+  assert.equal(plan(1, 2048), "32 splits + combine");
   assert.equal(plan(1, 8192), "64 splits + combine");
-  const gpuTiles = { minRowGroups: 2, maxTileBytes: 16384 }; // GL's budget gives smaller tiles
-  assert.equal(plan(1, 8192, gpuTiles), "64 splits folded");
-  assert.equal(plan(8, 2048), "8 splits folded");
-  assert.equal(plan(16, 640), "4 splits folded");
+  assert.equal(plan(8, 2048), "8 splits + combine");
+  assert.equal(plan(16, 640), "4 splits + combine");
   assert.equal(plan(1, 2048, { splitSize: 1 << 30 }), "single pass");
   assert.equal(
     plan(1, 2048, { headDim: 256, nHeads: 8, nKvHeads: 4, splitSize: 16 }),
-    "16 splits folded",
+    "16 splits + combine",
   );
   assert.throws(() => plan(1, 64, { headDim: 66 }), /head dim/);
   assert.throws(() => plan(1, 64, { splitSize: 0 }), /splitSize/);

@@ -30,7 +30,7 @@ import { Sequence } from "./sequence.ts";
 import { Submission } from "./submission.ts";
 import { Pacer } from "./pacer.ts";
 import type { SessionStore } from "./session_store.ts";
-import { Sessions, type SnapshotStats } from "./sessions.ts";
+import { Sessions } from "./sessions.ts";
 import { packSampleParams, SAMPLE_PARAMS_BYTES } from "../kernels/sample.ts";
 
 /** Options for {@linkcode Engine.load}. */
@@ -112,8 +112,6 @@ export class Engine implements EngineLike {
   #wake?: () => void;
   #nextK = 1;
   #host = { submissions: 0, steps: 0, ms: 0, pacedMs: 0, prefillPeak: 0 };
-  /** Prompt tokens of the prefill chunks submitted since the last readback round. */
-  #prefillQueued = 0;
   /** A burst is being admitted with no stream to protect: decode waits for all of it. */
   #holdDecode = false;
   /** GPU-time estimates: how long the loop may sleep before a readback. */
@@ -252,11 +250,6 @@ export class Engine implements EngineLike {
     return this.#sessions.flush();
   }
 
-  /** KV blocks session snapshots have copied from the GPU, and reused from earlier snapshots. */
-  snapshotStats(): SnapshotStats {
-    return this.#sessions.snapshotStats();
-  }
-
   /**
    * Starts a generation.
    *
@@ -334,7 +327,6 @@ export class Engine implements EngineLike {
       this.#waiting = [];
       this.#slots.fill(undefined);
       this.#inflight = [];
-      this.#prefillQueued = 0;
       this.#dropHeld();
     }).finally(() => {
       this.#running = false;
@@ -393,7 +385,6 @@ export class Engine implements EngineLike {
       // Every submitted buffer is finished once the first readback request returns: request
       // them all, then put the held one on the GPU before handing out tokens.
       const batch = this.#inflight.splice(0);
-      this.#prefillQueued = 0;
       const t0 = performance.now();
       const dones = batch.map((sub) => sub.done);
       this.#pacer.learn(batch, t0, performance.now());
@@ -459,8 +450,8 @@ export class Engine implements EngineLike {
       // STREAMING_STEPS decode, they keep decoding between the rounds; otherwise decode waits
       // until the whole burst is in, so that its sequences decode together: when they joined
       // one by one, the first ones finished early and batch 32 in the bench decoded 6 % slower.
-      const todo = seq.blocks.tokens.length - seq.blocks.computed;
-      if (this.#prefillQueued > 0 && this.#prefillQueued + todo > this.opts.maxChunk) {
+      const todo = seq.blocks.tokens.length - seq.blocks.computed, queued = this.#prefillQueued();
+      if (queued > 0 && queued + todo > this.opts.maxChunk) {
         this.#holdDecode = !this.#slots.some((s) => s && s.stepsSubmitted > STREAMING_STEPS);
         return;
       }
@@ -522,8 +513,6 @@ export class Engine implements EngineLike {
       const part = ids.slice(p, Math.min(p + chunk, ids.length));
       const last = p + part.length === ids.length;
       d.writePrefill(part, slot, p);
-      this.#prefillQueued += part.length;
-      this.#host.prefillPeak = Math.max(this.#host.prefillPeak, this.#prefillQueued);
       const region = this.#nextRegion();
       const dispatches = d.prefill(part.length, {
         slot,
@@ -541,8 +530,10 @@ export class Engine implements EngineLike {
         top: seq.sampling.topLogprobs > 0,
         prefill: true,
         rows: d.prefillRows(part.length),
+        tokens: part.length,
       });
       this.#commit(sub);
+      this.#host.prefillPeak = Math.max(this.#host.prefillPeak, this.#prefillQueued());
     }
     seq.blocks.markComputed(ids.length);
     seq.prefillSubmitted = true;
@@ -587,6 +578,11 @@ export class Engine implements EngineLike {
 
   #nextRegion(): number {
     return (this.#region = (this.#region + 1) % REGIONS);
+  }
+
+  /** Prompt tokens of the prefill chunks on the GPU since the last readback round. */
+  #prefillQueued(): number {
+    return this.#inflight.reduce((n, sub) => n + (sub.o.tokens ?? 0), 0);
   }
 
   /** Submits `sub` and queues it for readback. */

@@ -24,6 +24,8 @@ export interface SubmissionOptions {
   prefill?: boolean;
   /** Rows the prefill chunk runs as (its size class; see Decoder.prefillRows). */
   rows?: number;
+  /** Prompt tokens the prefill chunk computes. */
+  tokens?: number;
 }
 
 /** A token as read back: which sequence, its id, logprob and alternatives. */

@@ -51,8 +51,8 @@ try {
     out.push(`${history.length}:${ms.toFixed(1)}/${worst.toFixed(1)}`);
   }
   console.log(`${engine.adapterName}, ${engine.modelId}: tokens:ms/lag ${out.join(" ")}`);
-  const s = engine.snapshotStats();
-  console.log(`blocks copied ${s.blocksCopied}, reused ${s.blocksReused}`);
+  const s = engine.kvStats().snapshotBlocks;
+  console.log(`blocks copied ${s.copied}, reused ${s.reused}`);
 } finally {
   store.close();
   await Deno.remove(dir, { recursive: true });

@@ -223,18 +223,18 @@ Deno.test("session snapshots copy only the blocks a turn added, and restore the 
       const first = await collect(a, prompt, greedy(9), "s");
       await a.flushSnapshots();
       // 48 tokens hold KV for 48: blocks 0-2, all copied.
-      assert.deepEqual(a.snapshotStats(), { blocksCopied: 3, blocksReused: 0 });
+      assert.deepEqual(a.kvStats().snapshotBlocks, { copied: 3, reused: 0 });
       const turn2 = [...prompt, ...first.tokens, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14];
       const second = await collect(a, turn2, greedy(8), "s");
       assert.equal(second.result.cachedTokens, 48, "the first turn's KV is reused");
       await a.flushSnapshots();
       // 65 tokens, KV for 65: blocks 0-4; 0-2 were whole in the first snapshot.
-      assert.deepEqual(a.snapshotStats(), { blocksCopied: 5, blocksReused: 3 });
+      assert.deepEqual(a.kvStats().snapshotBlocks, { copied: 5, reused: 3 });
       // A turn that rewrites history (another second-turn prompt): only block 0 still matches.
       const other = [...prompt.slice(0, 20), 99, 98, 97];
       const said = (await collect(a, other, greedy(4), "s")).tokens;
       await a.flushSnapshots();
-      assert.deepEqual(a.snapshotStats(), { blocksCopied: 6, blocksReused: 4 });
+      assert.deepEqual(a.kvStats().snapshotBlocks, { copied: 6, reused: 4 });
       store.close();
 
       // After a restart the session comes back whole: its next turn gives what the same turn
@@ -247,7 +247,7 @@ Deno.test("session snapshots copy only the blocks a turn added, and restore the 
       assert.equal(resumed.result.cachedTokens, 26);
       await b.flushSnapshots();
       // 73 tokens, KV for 72: block 0 (whole among the 26 restored tokens) is reused, 1-4 new.
-      assert.deepEqual(b.snapshotStats(), { blocksCopied: 4, blocksReused: 1 });
+      assert.deepEqual(b.kvStats().snapshotBlocks, { copied: 4, reused: 1 });
       store.close();
       const fresh = await collect(await Engine.load(model, opts), turn3, greedy(6));
       assert.deepEqual(resumed.tokens, fresh.tokens);

@@ -11,10 +11,23 @@ function block(seed: number, bytes: number): Uint8Array {
   return Uint8Array.from({ length: bytes }, (_, i) => (i % 2 ? 0 : r.int(256)));
 }
 
-Deno.test("session store: blocks round-trip, and a corrupt chunk keeps the valid prefix", async () => {
-  const dir = await Deno.makeTempDir({ prefix: "strata-store-" });
-  const store = await SessionStore.open(join(dir, "s.sqlite"));
-  try {
+/** A test on a fresh store in a temporary folder, closed and removed afterwards. */
+function withStore(test: (store: SessionStore) => Promise<void>): () => Promise<void> {
+  return async () => {
+    const dir = await Deno.makeTempDir({ prefix: "strata-store-" });
+    const store = await SessionStore.open(join(dir, "s.sqlite"));
+    try {
+      await test(store);
+    } finally {
+      store.close();
+      await Deno.remove(dir, { recursive: true });
+    }
+  };
+}
+
+Deno.test(
+  "session store: blocks round-trip, and a corrupt chunk keeps the valid prefix",
+  withStore(async (store) => {
     const blocks = [block(1, 300_000), block(2, 300_000), block(3, 300_000)];
     const meta = {
       id: "abc",
@@ -46,16 +59,12 @@ Deno.test("session store: blocks round-trip, and a corrupt chunk keeps the valid
 
     await store.delete("abc");
     assert.deepEqual(await store.list(), []);
-  } finally {
-    store.close();
-    await Deno.remove(dir, { recursive: true });
-  }
-});
+  }),
+);
 
-Deno.test("session store: a later snapshot reuses chunks by reference and writes only new ones", async () => {
-  const dir = await Deno.makeTempDir({ prefix: "strata-store-" });
-  const store = await SessionStore.open(join(dir, "s.sqlite"));
-  try {
+Deno.test(
+  "session store: a later snapshot reuses chunks by reference and writes only new ones",
+  withStore(async (store) => {
     const blocks = [block(4, 100_000), block(5, 100_000), block(6, 100_000)];
     const meta = { id: "s", model: "m", computed: 40, createdAt: 1, updatedAt: 2 };
     const tokens = Uint32Array.from({ length: 41 }, (_, i) => i);
@@ -81,16 +90,12 @@ Deno.test("session store: a later snapshot reuses chunks by reference and writes
     const back = await store.restore(m);
     assert.equal(back.blocks.length, 3);
     back.blocks.forEach((b, i) => assert.deepEqual(b, blocks[i]));
-  } finally {
-    store.close();
-    await Deno.remove(dir, { recursive: true });
-  }
-});
+  }),
+);
 
-Deno.test("session store: chunks of earlier snapshots (whole blocks deflated) still restore", async () => {
-  const dir = await Deno.makeTempDir({ prefix: "strata-store-" });
-  const store = await SessionStore.open(join(dir, "s.sqlite"));
-  try {
+Deno.test(
+  "session store: chunks of earlier snapshots (whole blocks deflated) still restore",
+  withStore(async (store) => {
     // What a snapshot wrote before blocks were packed in planes: ["chunk", hash, i] values of
     // the deflated block, and entries without `planes`.
     const old = block(7, 150_000), meta = { id: "o", model: "m", computed: 16 };
@@ -118,16 +123,12 @@ Deno.test("session store: chunks of earlier snapshots (whole blocks deflated) st
     assert.equal(entries[1].planes, 4);
     const [m2] = await store.list();
     assert.deepEqual((await store.restore(m2)).blocks, [old, next]);
-  } finally {
-    store.close();
-    await Deno.remove(dir, { recursive: true });
-  }
-});
+  }),
+);
 
-Deno.test("session store: a block of more values than one commit takes round-trips", async () => {
-  const dir = await Deno.makeTempDir({ prefix: "strata-store-" });
-  const store = await SessionStore.open(join(dir, "s.sqlite"));
-  try {
+Deno.test(
+  "session store: a block of more values than one commit takes round-trips",
+  withStore(async (store) => {
     // 1.2 MB of noise: ~20 values of 60 kB, written in two atomic commits (Deno KV takes 800 KiB).
     const r = rng(11);
     const big = Uint8Array.from({ length: 1_200_000 }, () => r.int(256));
@@ -137,8 +138,5 @@ Deno.test("session store: a block of more values than one commit takes round-tri
     assert.ok(entry.parts > 12, `${entry.parts} parts`);
     const [m] = await store.list();
     assert.deepEqual((await store.restore(m)).blocks, [big]);
-  } finally {
-    store.close();
-    await Deno.remove(dir, { recursive: true });
-  }
-});
+  }),
+);

@@ -11,6 +11,7 @@ import type {
   GenerationResult,
   KvStats,
   SessionInfo,
+  TokenEvent,
 } from "./api.ts";
 import { getGpu, type Gpu, isCpuAdapter } from "./gpu.ts";
 import { loadModelFolder } from "./model_folder.ts";
@@ -20,12 +21,7 @@ import { type ModelWeights, uploadWeights } from "./weights.ts";
 import { KV_BYTES, type KvDtype } from "./dtype.ts";
 import { blockBytes, Decoder } from "./forward.ts";
 import { BLOCK, BlockPool, SequenceBlocks } from "./kv.ts";
-import {
-  ContextLengthError,
-  EngineBusyError,
-  InvalidRequestError,
-  SessionBusyError,
-} from "./errors.ts";
+import { checkRequest, EngineBusyError, SessionBusyError } from "./errors.ts";
 import { Sequence } from "./sequence.ts";
 import { Submission } from "./submission.ts";
 import { Pacer } from "./pacer.ts";
@@ -91,6 +87,15 @@ const TOP_K = 20;
  * rounds.
  */
 const STREAMING_STEPS = 16;
+
+/** The engine's host-side counters (see {@linkcode Engine.hostStats}). */
+export interface HostStats {
+  submissions: number;
+  steps: number;
+  ms: number;
+  pacedMs: number;
+  prefillPeak: number;
+}
 
 /** A model on the GPU and the scheduler that serves it. */
 export class Engine implements EngineLike {
@@ -240,6 +245,16 @@ export class Engine implements EngineLike {
     return this.#sessions.get(id)?.info;
   }
 
+  /** Every session the engine knows. */
+  sessions(): SessionInfo[] {
+    return this.#sessions.list();
+  }
+
+  /** Called with a session's id whenever what {@linkcode session} reports of it changes. */
+  set onSessionChange(fn: ((id: string) => void) | undefined) {
+    this.#sessions.onChange = fn;
+  }
+
   deleteSession(id: string): Promise<boolean> {
     return this.#sessions.delete(id);
   }
@@ -251,26 +266,17 @@ export class Engine implements EngineLike {
   }
 
   /**
-   * Starts a generation.
+   * Starts a generation. With `onToken`, tokens are handed to it as the host reads them back
+   * (synchronously, in order) instead of to the generation's iterator, which then yields none:
+   * engine/engine_worker.ts forwards a whole readback round in one message this way.
    *
    * @throws ContextLengthError, EngineBusyError, SessionBusyError, InvalidRequestError
    */
-  generate(request: GenerateRequest): Generation {
+  generate(request: GenerateRequest, onToken?: (ev: TokenEvent) => void): Generation {
     // The engine's own copy: a caller may reuse its array (e.g. append the reply to it).
     request = { ...request, promptIds: [...request.promptIds] };
-    const { promptIds, sampling } = request;
-    const V = this.decoder.cfg.vocabSize;
-    if (promptIds.length === 0) throw new InvalidRequestError("the prompt is empty", "prompt");
-    const bad = promptIds.find((t) => !Number.isInteger(t) || t < 0 || t >= V);
-    if (bad !== undefined) {
-      throw new InvalidRequestError(
-        `token id ${bad} is outside the vocabulary [0, ${V})`,
-        "prompt",
-      );
-    }
-    if (promptIds.length + sampling.maxTokens > this.contextLength) {
-      throw new ContextLengthError(promptIds.length, sampling.maxTokens, this.contextLength);
-    }
+    const { promptIds } = request;
+    checkRequest(request, this.decoder.cfg.vocabSize, this.contextLength);
     if (this.#waiting.length >= this.opts.maxQueued) {
       throw new EngineBusyError(this.#waiting.length);
     }
@@ -300,6 +306,7 @@ export class Engine implements EngineLike {
       cached,
       tokenizer: this.tokenizer,
       cancel: (s) => this.#cancel(s),
+      onToken,
     });
     this.#waiting.push(seq);
     request.signal?.addEventListener("abort", () => seq.cancel(), { once: true });
@@ -600,13 +607,7 @@ export class Engine implements EngineLike {
    * the loop slept before readbacks while the GPU worked (`pacedMs`; the event loop was free),
    * and the most prompt tokens queued on the GPU in one readback round (`prefillPeak`).
    */
-  hostStats(): {
-    submissions: number;
-    steps: number;
-    ms: number;
-    pacedMs: number;
-    prefillPeak: number;
-  } {
+  hostStats(): HostStats {
     return { ...this.#host };
   }
 

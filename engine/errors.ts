@@ -1,4 +1,5 @@
 /** Errors the engine raises at its edge; the server maps each to an HTTP status. */
+import type { GenerateRequest } from "./api.ts";
 
 /** The request cannot fit the model's context (400, code context_length_exceeded). */
 export class ContextLengthError extends Error {
@@ -32,5 +33,31 @@ export class InvalidRequestError extends Error {
   readonly code = "invalid_request";
   constructor(message: string, readonly param?: string) {
     super(message);
+  }
+}
+
+/**
+ * The checks of a request that need only the model's vocabulary size and context length (the
+ * worker's proxy runs them on the server's thread, so their errors come before any token).
+ *
+ * @throws InvalidRequestError for an empty prompt or a token id outside the vocabulary,
+ *   ContextLengthError when prompt + max tokens exceed `contextLength`
+ */
+export function checkRequest(
+  request: Pick<GenerateRequest, "promptIds" | "sampling">,
+  vocabSize: number,
+  contextLength: number,
+): void {
+  const { promptIds, sampling } = request;
+  if (promptIds.length === 0) throw new InvalidRequestError("the prompt is empty", "prompt");
+  const bad = promptIds.find((t) => !Number.isInteger(t) || t < 0 || t >= vocabSize);
+  if (bad !== undefined) {
+    throw new InvalidRequestError(
+      `token id ${bad} is outside the vocabulary [0, ${vocabSize})`,
+      "prompt",
+    );
+  }
+  if (promptIds.length + sampling.maxTokens > contextLength) {
+    throw new ContextLengthError(promptIds.length, sampling.maxTokens, contextLength);
   }
 }

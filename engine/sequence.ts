@@ -24,6 +24,8 @@ export interface SequenceInit {
   tokenizer: TextTokenizer;
   /** Called when the caller cancels, so the engine frees the slot. */
   cancel: (seq: Sequence) => void;
+  /** Takes the tokens instead of the generation's iterator (see `Engine.generate`). */
+  onToken?: (ev: TokenEvent) => void;
 }
 
 /** Draws a random u64 seed. */
@@ -59,6 +61,7 @@ export class Sequence {
   #reject!: (e: unknown) => void;
   #cached: number;
   readonly #onCancel: (seq: Sequence) => void;
+  readonly #onToken?: (ev: TokenEvent) => void;
 
   constructor(init: SequenceInit) {
     this.request = init.request;
@@ -71,6 +74,7 @@ export class Sequence {
     this.#stop = new StopMatcher(this.sampling.stop);
     this.#cached = init.cached;
     this.#onCancel = init.cancel;
+    this.#onToken = init.onToken;
     const result = new Promise<GenerationResult>((res, rej) => {
       this.#resolve = res;
       this.#reject = rej;
@@ -110,15 +114,15 @@ export class Sequence {
     const top = alts?.map((a) => ({ ...a, text: this.#tokenizer.tokenText(a.id) }));
     if (eos || stopped) {
       const tail = stopped ? text : text + this.#stop.flush();
-      this.#out.push({ id, text: tail, logprob, top });
+      this.#emit({ id, text: tail, logprob, top });
       return this.#end("stop");
     }
     if (this.#generated.length >= this.sampling.maxTokens) {
       const tail = text + this.#stop.push(this.#decoder.flush()).text + this.#stop.flush();
-      this.#out.push({ id, text: tail, logprob, top });
+      this.#emit({ id, text: tail, logprob, top });
       return this.#end("length");
     }
-    this.#out.push({ id, text, logprob, top });
+    this.#emit({ id, text, logprob, top });
   }
 
   /** Stops generating; the stream ends with finish reason "cancelled". */
@@ -143,6 +147,11 @@ export class Sequence {
     this.finished = true;
     this.#out.close(error);
     this.#reject(error);
+  }
+
+  #emit(ev: TokenEvent): void {
+    if (this.#onToken) this.#onToken(ev);
+    else this.#out.push(ev);
   }
 
   #end(reason: FinishReason): void {

@@ -72,6 +72,11 @@ export class Sessions {
   /** The last snapshot copy out of a mapping (they run one at a time). */
   #copying: Promise<unknown> = Promise.resolve();
   readonly #stats: SnapshotStats = { blocksCopied: 0, blocksReused: 0 };
+  /**
+   * Called with a session's id whenever what {@linkcode get} reports of it changes (created,
+   * turn ended, persisted, evicted, deleted): the worker mirrors the table to the server's thread.
+   */
+  onChange?: (id: string) => void;
 
   constructor(
     readonly decoder: Decoder,
@@ -89,7 +94,13 @@ export class Sessions {
     const now = Date.now();
     const entry = { info: { id, tokens: 0, createdAt: now, updatedAt: now }, blocks, busy: true };
     this.#map.set(id, entry);
+    this.onChange?.(id);
     return entry;
+  }
+
+  /** Every session's info. */
+  list(): SessionInfo[] {
+    return [...this.#map.values()].map((s) => s.info);
   }
 
   /** Frees a session's blocks and forgets it, in the store too. */
@@ -99,6 +110,7 @@ export class Sessions {
     if (s.busy) throw new SessionBusyError(id);
     s.blocks.free();
     this.#map.delete(id);
+    this.onChange?.(id);
     await this.#snapshots.get(id);
     await this.store?.delete(id);
     this.#stored.delete(id);
@@ -113,6 +125,7 @@ export class Sessions {
     s.blocks.free();
     s.busy = false;
     s.info.tokens = 0;
+    this.onChange?.(id!);
   }
 
   /** Blocks held by snapshots in the store. */
@@ -154,6 +167,7 @@ export class Sessions {
       if (this.pool.freeCount >= need) return;
       s.blocks.free();
       s.info.tokens = 0;
+      this.onChange?.(s.info.id);
     }
   }
 
@@ -165,6 +179,7 @@ export class Sessions {
    * Snapshots of one session are written in order.
    */
   snapshot(session: SessionEntry): void {
+    this.onChange?.(session.info.id); // the turn that ended changed its tokens
     if (!this.store) return;
     const store = this.store, { info, blocks } = session;
     const d = this.decoder, kv = d.opts.kvDtype, bb = blockBytes(d.cfg, kv), dev = d.gpu.device;
@@ -208,6 +223,7 @@ export class Sessions {
       )
       .then((entries) => {
         info.persistedAt = Date.now();
+        this.onChange?.(info.id);
         this.#committed.set(info.id, { tokens, computed, kv, blocks: entries });
         if (this.#map.has(info.id)) this.#stored.set(info.id, n);
       })

@@ -9,7 +9,7 @@ import { parseArgs } from "node:util";
 import { Engine } from "./engine/engine.ts";
 import { sampling } from "./engine/api.ts";
 import { status } from "./engine/progress.ts";
-import { SessionStore } from "./engine/session_store.ts";
+import { WorkerEngine } from "./engine/worker_engine.ts";
 import { parseKvDtype } from "./engine/dtype.ts";
 
 /** The model served when none is given: the small model shipped in models/. */
@@ -135,10 +135,9 @@ async function serve(args: string[]): Promise<void> {
   });
   const env = (k: string) => Deno.env.get(k) || undefined;
   const model = v.model ?? env("STRATA_MODEL") ?? DEFAULT_MODEL;
-  const kvPath = v.kv ?? env("STRATA_KV");
-  const store = kvPath ? await SessionStore.open(kvPath) : undefined;
-  const engine = await Engine.load(model, {
-    store,
+  // The engine runs in a worker: its GPU waits block that thread, not the server's.
+  const engine = await WorkerEngine.load({ dir: model }, {
+    kvPath: v.kv ?? env("STRATA_KV"),
     maxSlots: int("max-slots", v["max-slots"] ?? env("STRATA_MAX_SLOTS"), 16),
     maxQueued: int("max-queued", v["max-queued"] ?? env("STRATA_MAX_QUEUED"), 64),
     contextLength: v["context-length"] ?? env("STRATA_CONTEXT_LENGTH")
@@ -178,7 +177,8 @@ async function serve(args: string[]): Promise<void> {
     Deno.addSignalListener(sig, () => {
       console.error(`strata: ${sig}, draining`);
       shutdown.abort();
-      server.shutdown().then(() => engine.flushSnapshots()).then(() => Deno.exit(0));
+      server.shutdown().then(() => engine.flushSnapshots()).then(() => engine.close())
+        .then(() => Deno.exit(0));
     });
   }
 }

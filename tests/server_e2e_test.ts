@@ -1,13 +1,13 @@
 /**
  * End to end: the real server (`Deno.serve` on a random port) with the real engine on a small
- * random test model, driven by the official `openai` client and Deno's WebSocket: completions and
+ * random test model, in a worker thread as `main.ts serve` runs it (engine/worker_engine.ts), driven by the official `openai` client and Deno's WebSocket: completions and
  * chat, streaming or not, n > 1, logprobs, seeds, stop strings, typed client errors, the
  * WebSocket protocol (stream, cancel, two conversations, bad messages), client disconnects, and
  * 16 concurrent streams that must equal the same requests run one at a time.
  */
 import assert from "node:assert/strict";
 import OpenAI from "openai";
-import { Engine } from "../engine/engine.ts";
+import { WorkerEngine } from "../engine/worker_engine.ts";
 import { createApp } from "../routes/app.ts";
 import { makeTestModel } from "../scripts/make_test_model.ts";
 
@@ -15,7 +15,11 @@ const KEY = "sk-e2e";
 const dir = await Deno.makeTempDir({ prefix: "strata_e2e_" });
 globalThis.addEventListener("unload", () => Deno.removeSync(dir, { recursive: true }));
 await makeTestModel(dir, {});
-const engine = await Engine.load(dir, { contextLength: 256, maxSlots: 16, maxQueued: 64 });
+const engine = await WorkerEngine.load({ dir }, {
+  contextLength: 256,
+  maxSlots: 16,
+  maxQueued: 64,
+});
 const MODEL = engine.modelId;
 const server = Deno.serve(
   { hostname: "127.0.0.1", port: 0, onListen() {} },
@@ -362,4 +366,5 @@ Deno.test("16 concurrent streams equal the same requests run one at a time", asy
 
 Deno.test("server shuts down", async () => {
   await server.shutdown();
+  await engine.close();
 });

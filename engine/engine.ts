@@ -82,7 +82,7 @@ const REGIONS = 8;
 const MAX_INFLIGHT = 4;
 const TOP_K = 20;
 /**
- * Decode steps after which a sequence's stream keeps decoding while a burst is admitted (see
+ * Decode steps after which a sequence's stream is protected from a burst's prefills (see
  * `#admit`): the first request of a burst starts alone, and the rest arrive within its first
  * rounds.
  */
@@ -117,8 +117,6 @@ export class Engine implements EngineLike {
   #wake?: () => void;
   #nextK = 1;
   #host = { submissions: 0, steps: 0, ms: 0, pacedMs: 0, prefillPeak: 0 };
-  /** A burst is being admitted with no stream to protect: decode waits for all of it. */
-  #holdDecode = false;
   /** GPU-time estimates: how long the loop may sleep before a readback. */
   readonly #pacer = new Pacer();
 
@@ -360,8 +358,7 @@ export class Engine implements EngineLike {
   async #loop(): Promise<void> {
     while (true) {
       this.#admit();
-      const active = !this.#holdDecode &&
-        this.#slots.some((s) => s && !s.finished && !s.gpuFinished);
+      const active = this.#slots.some((s) => s && !s.finished && !s.gpuFinished);
       // The held submission is submitted before every await, so neither of these drops ever
       // finds one today; they keep a buffer encoded for another batch from ever running.
       if (!active) this.#dropHeld();
@@ -402,8 +399,6 @@ export class Engine implements EngineLike {
         await dones[i];
         this.#process(batch[i]);
       }
-      // Admitting a burst: its next prefill goes on the GPU before the yield, not after.
-      if (this.#holdDecode) this.#admit();
       // Readbacks resolve at once (engine/readback.ts): without this the loop would hold the
       // event loop until no sequence runs, and streams would flush only at the end.
       await this.#yield();
@@ -440,7 +435,6 @@ export class Engine implements EngineLike {
 
   /** Moves waiting sequences into free slots when their blocks fit; submits their prefill. */
   #admit(): void {
-    this.#holdDecode = false;
     while (this.#waiting.length) {
       const seq = this.#waiting[0];
       if (seq.finished) {
@@ -450,16 +444,16 @@ export class Engine implements EngineLike {
       }
       const slot = this.#slots.findIndex((s) => s === undefined);
       if (slot < 0) return;
-      // At most a chunk's worth of prompt tokens per readback round (unless one prompt alone
-      // is longer): the round's readback blocks the event loop until the GPU has done them all,
-      // so a burst of requests held it, and running streams, for every prefill (0.3–1.2 s for
-      // 12 sessions' 256-token turns beside a generation on the H200). While streams past
-      // STREAMING_STEPS decode, they keep decoding between the rounds; otherwise decode waits
-      // until the whole burst is in, so that its sequences decode together: when they joined
-      // one by one, the first ones finished early and batch 32 in the bench decoded 6 % slower.
+      // While streams run, at most a chunk's worth of prompt tokens per readback round (unless
+      // one prompt alone is longer): the round's readback blocks the engine's thread until the
+      // GPU has done them all, so a burst of requests held the streams for every prefill
+      // (0.3–1.2 s for 12 sessions' 256-token turns beside a generation on the H200). A burst
+      // that only finds sequences of its own (started within STREAMING_STEPS steps) is
+      // admitted whole, so that they decode together: spread over rounds, the first ones
+      // finished early, and batch 32 in the bench decoded 6 % slower.
       const todo = seq.blocks.tokens.length - seq.blocks.computed, queued = this.#prefillQueued();
-      if (queued > 0 && queued + todo > this.opts.maxChunk) {
-        this.#holdDecode = !this.#slots.some((s) => s && s.stepsSubmitted > STREAMING_STEPS);
+      const streaming = this.#slots.some((s) => s && s.stepsSubmitted > STREAMING_STEPS);
+      if (streaming && queued > 0 && queued + todo > this.opts.maxChunk) {
         return;
       }
       const total = seq.blocks.tokens.length + seq.sampling.maxTokens;

@@ -5,7 +5,7 @@
  *   deno task bench [--model DIR | --shape tinyllama-1.1b|tiny] [--batch 1,8,32]
  *     [--prompt-len 128] [--new-tokens 256] [--dtype f16|bf16] [--kv-dtype f32|f16] [--profile]
  *     [--queue-depth N]
- *     [--max-chunk N]
+ *     [--max-chunk N] [--sessions N] [--worker]
  *     [--out FILE]
  *
  * The table goes to stdout, progress to stderr (TTY only), and with `--out` a JSON object.
@@ -18,7 +18,8 @@ import { BLOCK } from "../engine/kv.ts";
 import { SessionStore } from "../engine/session_store.ts";
 import { type KvDtype, parseKvDtype } from "../engine/dtype.ts";
 import { status } from "../engine/progress.ts";
-import { sampling, type SamplingOptions } from "../engine/api.ts";
+import { type EngineLike, sampling, type SamplingOptions } from "../engine/api.ts";
+import { WorkerEngine } from "../engine/worker_engine.ts";
 import { defaultReadBytes, measureReadBandwidth } from "../kernels/read_bandwidth.ts";
 import { profileDecodeStep, profilePrefill, type StepProfile } from "./bench_profile.ts";
 import {
@@ -66,7 +67,22 @@ export interface BenchOptions {
    * 32), every turn snapshotted to a Deno KV store in a temporary folder (default 0: not run).
    */
   sessions?: number;
+  /**
+   * Also measure the time to first token, decode at every batch size and the sessions scenario
+   * with a second engine in a worker thread, as `deno task start` serves (engine/worker_engine.ts):
+   * its tokens reach this thread by message, and its GPU waits do not block this event loop.
+   */
+  worker?: boolean;
   gpu?: Gpu;
+}
+
+/** The `worker` measurements of {@linkcode BenchOptions}. */
+export interface WorkerResult {
+  ttft_ms: number;
+  decode_tok_s: Record<string, number>;
+  /** `setTimeout(0)` on this thread while the worker decoded each batch, ms. */
+  event_loop_lag_ms: Record<string, { p50: number; p95: number; max: number }>;
+  sessions?: SessionsResult;
 }
 
 /** The `sessions` scenario of {@linkcode BenchOptions}. */
@@ -80,6 +96,8 @@ export interface SessionsResult {
   event_loop_lag_ms: { p50: number; p95: number; max: number };
   /** Time to write the snapshots still pending when the generation ended, ms. */
   flush_ms: number;
+  /** From the end of each session's last turn to its snapshot in the store, ms. */
+  snapshot_lag_ms: { p50: number; max: number };
 }
 
 /** What {@linkcode runBench} measured; written as JSON by `--out`. */
@@ -118,7 +136,7 @@ export interface BenchResult {
    * How long a `setTimeout(0)` took while that batch decoded (p50 and p95, ms): how soon the
    * server can answer other requests during a generation (readbacks block the event loop).
    */
-  event_loop_lag_ms: Record<string, { p50: number; p95: number }>;
+  event_loop_lag_ms: Record<string, { p50: number; p95: number; max: number }>;
   /** Tokens per delivery burst at batch 1, in order (the first is the prefill's token). */
   bursts: number[];
   bytes_per_token: number;
@@ -132,6 +150,8 @@ export interface BenchResult {
   roofline_fraction: number;
   /** The `--sessions` scenario, when run. */
   sessions?: SessionsResult;
+  /** The same measurements with the engine in a worker (`--worker`). */
+  worker?: WorkerResult;
   /** Per-kernel GPU time of one decode step per batch size, then of one prefill chunk (`profile`). */
   profile?: StepProfile[];
   date: string;
@@ -154,15 +174,23 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
   const dir = o.sessions > 0 ? await Deno.makeTempDir({ prefix: "strata-bench-" }) : undefined;
   const store = dir ? await SessionStore.open(`${dir}/sessions.sqlite3`) : undefined;
   try {
-    return await measure(o, gpu, store);
+    return await measure(o, gpu, store, dir && `${dir}/worker.sqlite3`);
   } finally {
     store?.close();
     if (dir) await Deno.remove(dir, { recursive: true });
   }
 }
 
-/** {@linkcode runBench}'s work, with the engine's session store when the options ask for one. */
-async function measure(o: Checked, gpu: Gpu, store?: SessionStore): Promise<BenchResult> {
+/**
+ * {@linkcode runBench}'s work, with the engine's session store when the options ask for one (and
+ * the worker engine's, at `workerKv`).
+ */
+async function measure(
+  o: Checked,
+  gpu: Gpu,
+  store?: SessionStore,
+  workerKv?: string,
+): Promise<BenchResult> {
   const maxBatch = Math.max(...o.batch);
   const context = o.promptLen + o.newTokens;
   const engineOptions = {
@@ -194,75 +222,32 @@ async function measure(o: Checked, gpu: Gpu, store?: SessionStore): Promise<Benc
   const bw = await measureReadBandwidth(gpu, { bytes: o.readBytes });
 
   const vocab = Math.min(cfg.vocabSize, engine.tokenizer.vocabSize);
-  const prompts = promptMaker(vocab, o.promptLen);
-  const generateAll = (batch: number, tokens: number) =>
-    Promise.all(Array.from({ length: batch }, () => timed(engine, prompts(), tokens)));
-
-  status("bench: warming up (pipelines compile on first use)");
-  await generateAll(1, 1);
-  for (const b of o.batch) await generateAll(b, Math.min(o.newTokens, 64));
-
-  status(`bench: prefill of ${o.promptLen} tokens x${o.prefillRuns}`);
-  const ttfts: number[] = [];
-  for (let i = 0; i < o.prefillRuns; i++) {
-    const [r] = await generateAll(1, 1);
-    ttfts.push(r.arrivals[0] - r.t0);
-  }
-  const ttft = percentile(ttfts, 50);
-  const fresh: number[] = [];
-  for (let i = 1; i <= 3 && o.promptLen > 3; i++) {
-    const r = await timed(engine, prompts().slice(i), 1);
-    fresh.push(r.arrivals[0] - r.t0);
-  }
-
-  const decode: Record<string, number> = {};
-  const hostMs: Record<string, number> = {};
-  let batch1: Timed | undefined;
-  const lag: Record<string, { p50: number; p95: number }> = {};
-  for (const b of o.batch) {
-    status(`bench: decode, batch ${b} x ${o.newTokens} tokens`);
-    const before = engine.hostStats();
-    const probe = lagProbe();
-    const runs = await generateAll(b, o.newTokens);
-    const lags = await probe.stop();
-    lag[b] = { p50: percentile(lags, 50), p95: percentile(lags, 95) };
-    decode[b] = decodeRate(runs);
-    const after = engine.hostStats();
-    hostMs[b] = (after.ms - before.ms) / Math.max(1, after.steps - before.steps);
-    if (b === 1) batch1 = runs[0];
-  }
-  const arrivals = batch1!.arrivals;
+  const d = await decodeRuns(engine, o, vocab, () => engine.hostStats());
+  const sessions = o.sessions > 0 ? await sessionsScenario(engine, o, vocab) : undefined;
+  const arrivals = d.batch1.arrivals;
   const gaps = arrivals.slice(1).map((t, i) => t - arrivals[i]);
   const groups = bursts(arrivals);
   const stepMs = groups.slice(1).map((g, i) => (g.start - groups[i].end) / g.tokens);
 
-  let sessions: SessionsResult | undefined;
-  if (o.sessions > 0) {
-    // Turns that fit the context: half a prompt and `turn` tokens, then 16 more and `turn` more.
-    const turn = Math.max(2, Math.min(32, Math.floor(o.newTokens / 4)));
-    status(`bench: ${o.newTokens} tokens while ${o.sessions} sessions take two turns each`);
-    const lags = lagProbe();
-    const long = timed(engine, prompts(), o.newTokens);
-    const turns = Array.from({ length: o.sessions }, async (_, i) => {
-      const id = `bench-${i}`, first = prompts().slice(0, Math.ceil(o.promptLen / 2));
-      const said = await timed(engine, first, turn, id);
-      await timed(engine, [...first, ...said.ids, ...prompts().slice(0, BLOCK)], turn, id);
-    });
-    const [r] = await Promise.all([long, ...turns]);
-    const lag = await lags.stop();
-    const t = performance.now();
-    await engine.flushSnapshots();
-    sessions = {
-      sessions: o.sessions,
-      turn_tokens: turn,
-      decode_tok_s: decodeRate([r!]),
-      event_loop_lag_ms: {
-        p50: percentile(lag, 50),
-        p95: percentile(lag, 95),
-        max: Math.max(...lag),
-      },
-      flush_ms: performance.now() - t,
-    };
+  let worker: WorkerResult | undefined;
+  if (o.worker) {
+    status("bench: loading the same model into an engine in a worker");
+    const { gpu: _, store: __, ...rest } = engineOptions;
+    const w = await WorkerEngine.load(
+      o.shape ? { shape: o.shape, dtype: o.dtype, tokenizerDir: DEFAULT_MODEL } : { dir: o.model },
+      { ...rest, kvPath: workerKv },
+    );
+    try {
+      const wd = await decodeRuns(w, o, vocab, () => w.hostStats(), "worker: ");
+      worker = {
+        ttft_ms: wd.ttft,
+        decode_tok_s: wd.decode,
+        event_loop_lag_ms: wd.lag,
+        ...(o.sessions > 0 ? { sessions: await sessionsScenario(w, o, vocab, "worker: ") } : {}),
+      };
+    } finally {
+      await w.close();
+    }
   }
 
   let profile: StepProfile[] | undefined;
@@ -293,17 +278,17 @@ async function measure(o: Checked, gpu: Gpu, store?: SessionStore): Promise<Benc
     batch: o.batch,
     prompt_len: o.promptLen,
     new_tokens: o.newTokens,
-    prefill_tok_s: o.promptLen / (ttft / 1000),
-    decode_tok_s: decode,
-    ttft_ms: ttft,
-    ttft_new_length_ms: fresh.length ? percentile(fresh, 50) : null,
+    prefill_tok_s: o.promptLen / (d.ttft / 1000),
+    decode_tok_s: d.decode,
+    ttft_ms: d.ttft,
+    ttft_new_length_ms: d.fresh.length ? percentile(d.fresh, 50) : null,
     ms_per_token_p50: percentile(gaps, 50),
     ms_per_token_p95: percentile(gaps, 95),
     step_ms_p50: percentile(stepMs, 50),
     queue_depth: engine.opts.queueDepth,
     max_chunk: engine.opts.maxChunk,
-    host_ms_per_step: hostMs,
-    event_loop_lag_ms: lag,
+    host_ms_per_step: d.hostMs,
+    event_loop_lag_ms: d.lag,
     bursts: groups.map((g) => g.tokens),
     bytes_per_token: bytes.total,
     weight_bytes_per_token: bytes.weights,
@@ -312,11 +297,111 @@ async function measure(o: Checked, gpu: Gpu, store?: SessionStore): Promise<Benc
     read_bandwidth_gb_s: bw.gbPerS,
     read_bandwidth_method: bw.method,
     read_bandwidth_bytes: bw.bytes,
-    roofline_fraction: (bytes.total * decode[1]) / (bw.gbPerS * 1e9),
+    roofline_fraction: (bytes.total * d.decode[1]) / (bw.gbPerS * 1e9),
     ...(sessions ? { sessions } : {}),
+    ...(worker ? { worker } : {}),
     ...(profile ? { profile } : {}),
     date: new Date().toISOString(),
     deno: Deno.version.deno,
+  };
+}
+
+/** What {@linkcode decodeRuns} measured. */
+interface DecodeRuns {
+  ttft: number;
+  fresh: number[];
+  decode: Record<string, number>;
+  hostMs: Record<string, number>;
+  lag: Record<string, { p50: number; p95: number; max: number }>;
+  batch1: Timed;
+}
+
+/** Warms `engine` up, then times its first token and its decode at every batch size. */
+async function decodeRuns(
+  engine: EngineLike,
+  o: Checked,
+  vocab: number,
+  hostStats: () => { ms: number; steps: number } | Promise<{ ms: number; steps: number }>,
+  label = "",
+): Promise<DecodeRuns> {
+  const prompts = promptMaker(vocab, o.promptLen);
+  const generateAll = (batch: number, tokens: number) =>
+    Promise.all(Array.from({ length: batch }, () => timed(engine, prompts(), tokens)));
+
+  status(`bench: ${label}warming up (pipelines compile on first use)`);
+  await generateAll(1, 1);
+  for (const b of o.batch) await generateAll(b, Math.min(o.newTokens, 64));
+
+  status(`bench: ${label}prefill of ${o.promptLen} tokens x${o.prefillRuns}`);
+  const ttfts: number[] = [];
+  for (let i = 0; i < o.prefillRuns; i++) {
+    const [r] = await generateAll(1, 1);
+    ttfts.push(r.arrivals[0] - r.t0);
+  }
+  const fresh: number[] = [];
+  for (let i = 1; i <= 3 && o.promptLen > 3; i++) {
+    const r = await timed(engine, prompts().slice(i), 1);
+    fresh.push(r.arrivals[0] - r.t0);
+  }
+
+  const decode: Record<string, number> = {};
+  const hostMs: Record<string, number> = {};
+  let batch1: Timed | undefined;
+  const lag: DecodeRuns["lag"] = {};
+  for (const b of o.batch) {
+    status(`bench: ${label}decode, batch ${b} x ${o.newTokens} tokens`);
+    const before = await hostStats();
+    const probe = lagProbe();
+    const runs = await generateAll(b, o.newTokens);
+    const lags = await probe.stop();
+    lag[b] = { p50: percentile(lags, 50), p95: percentile(lags, 95), max: Math.max(...lags) };
+    decode[b] = decodeRate(runs);
+    const after = await hostStats();
+    hostMs[b] = (after.ms - before.ms) / Math.max(1, after.steps - before.steps);
+    if (b === 1) batch1 = runs[0];
+  }
+  return { ttft: percentile(ttfts, 50), fresh, decode, hostMs, lag, batch1: batch1! };
+}
+
+/** The `--sessions` scenario (see {@linkcode BenchOptions.sessions}). */
+async function sessionsScenario(
+  engine: EngineLike & { flushSnapshots(): Promise<void> },
+  o: Checked,
+  vocab: number,
+  label = "",
+): Promise<SessionsResult> {
+  // Its own prompts: sessions must not find the decode runs' blocks by hash.
+  const prompts = promptMaker(vocab, o.promptLen, 0xfeed);
+  // Turns that fit the context: half a prompt and `turn` tokens, then 16 more and `turn` more.
+  const turn = Math.max(2, Math.min(32, Math.floor(o.newTokens / 4)));
+  status(`bench: ${label}${o.newTokens} tokens while ${o.sessions} sessions take two turns each`);
+  const lags = lagProbe();
+  const long = timed(engine, prompts(), o.newTokens);
+  const turns = Array.from({ length: o.sessions }, async (_, i) => {
+    const id = `bench-${i}`, first = prompts().slice(0, Math.ceil(o.promptLen / 2));
+    const said = await timed(engine, first, turn, id);
+    await timed(engine, [...first, ...said.ids, ...prompts().slice(0, BLOCK)], turn, id);
+  });
+  const [r] = await Promise.all([long, ...turns]);
+  const lag = await lags.stop();
+  const t = performance.now();
+  await engine.flushSnapshots();
+  const flushMs = performance.now() - t;
+  const snapLag = Array.from({ length: o.sessions }, (_, i) => {
+    const s = engine.session(`bench-${i}`);
+    return s?.persistedAt ? s.persistedAt - s.updatedAt : NaN;
+  });
+  return {
+    sessions: o.sessions,
+    turn_tokens: turn,
+    decode_tok_s: decodeRate([r!]),
+    event_loop_lag_ms: {
+      p50: percentile(lag, 50),
+      p95: percentile(lag, 95),
+      max: Math.max(...lag),
+    },
+    flush_ms: flushMs,
+    snapshot_lag_ms: { p50: percentile(snapLag, 50), max: Math.max(...snapLag) },
   };
 }
 
@@ -377,6 +462,7 @@ function checkOptions(o: BenchOptions): Checked {
     queueDepth: o.queueDepth,
     maxChunk: o.maxChunk,
     sessions: o.sessions ?? 0,
+    worker: o.worker ?? false,
   };
   if (!(Number.isInteger(c.sessions) && c.sessions >= 0)) {
     throw new Error(`--sessions must be an integer ≥ 0; got ${c.sessions}`);
@@ -405,7 +491,7 @@ function greedy(maxTokens: number): SamplingOptions {
 
 /** Runs one request and records when each token reached the caller. */
 async function timed(
-  engine: Engine,
+  engine: EngineLike,
   promptIds: number[],
   maxTokens: number,
   sessionId?: string,
@@ -460,7 +546,7 @@ function intFlag(flag: string, v: string | undefined): number | undefined {
 
 const USAGE = `usage: deno task bench [--model DIR | --shape tinyllama-1.1b|tiny] [--batch 1,8,32]
   [--prompt-len 128] [--new-tokens 256] [--dtype f16|bf16] [--kv-dtype f32|f16] [--profile]
-  [--read-mib N] [--queue-depth N] [--max-chunk N] [--sessions N] [--out FILE]`;
+  [--read-mib N] [--queue-depth N] [--max-chunk N] [--sessions N] [--worker] [--out FILE]`;
 
 /** The CLI: parses flags, runs the bench, prints the table, writes `--out`. */
 export async function main(args: string[]): Promise<void> {
@@ -479,6 +565,7 @@ export async function main(args: string[]): Promise<void> {
       "queue-depth": { type: "string" },
       "max-chunk": { type: "string" },
       sessions: { type: "string" },
+      worker: { type: "boolean" },
       out: { type: "string" },
       help: { type: "boolean", short: "h" },
     },
@@ -498,6 +585,7 @@ export async function main(args: string[]): Promise<void> {
     queueDepth: intFlag("queue-depth", v["queue-depth"]),
     maxChunk: intFlag("max-chunk", v["max-chunk"]),
     sessions: intFlag("sessions", v.sessions),
+    worker: v.worker,
   });
   console.log(formatTable(result));
   if (v.out) {

@@ -5,7 +5,7 @@
 import type { ModelConfig } from "../engine/config.ts";
 import type { ModelWeights } from "../engine/weights.ts";
 import { BYTES, KV_BYTES, type KvDtype } from "../engine/dtype.ts";
-import type { BenchResult } from "./bench.ts";
+import type { BenchResult, SessionsResult } from "./bench.ts";
 import { formatProfile } from "./bench_profile.ts";
 
 /** One request as the caller saw it: when it was submitted and when each token arrived (ms). */
@@ -122,6 +122,37 @@ export function formatBursts(sizes: number[]): string {
   return parts.join(",");
 }
 
+/** `setTimeout(0)` p50 / p95 / max per batch size. */
+function lagRow(
+  batch: number[],
+  lag: Record<string, { p50: number; p95: number; max?: number }>,
+): string {
+  return batch.map((b) => {
+    const l = lag[b];
+    return l ? [l.p50, l.p95, l.max ?? NaN].map((x) => x.toFixed(1)).join(" / ") : "-";
+  }).join(", ") + ` ms  (batch ${batch.join(", ")})`;
+}
+
+/** The rows of the `--sessions` scenario. */
+function sessionRows(s: SessionsResult, newTokens: number, indent = ""): [string, string][] {
+  const l = s.event_loop_lag_ms;
+  return [
+    [
+      `${indent}decode beside ${s.sessions} sessions' turns`,
+      `${s.decode_tok_s.toFixed(1)} tok/s  (${newTokens} tokens; turns of ${s.turn_tokens})`,
+    ],
+    [
+      `${indent}  event-loop lag p50 / p95 / max`,
+      `${l.p50.toFixed(1)} / ${l.p95.toFixed(1)} / ${l.max.toFixed(1)} ms`,
+    ],
+    [`${indent}  snapshots pending at its end`, `${s.flush_ms.toFixed(1)} ms to write`],
+    [
+      `${indent}  turn end to snapshot stored p50 / max`,
+      `${s.snapshot_lag_ms.p50.toFixed(0)} / ${s.snapshot_lag_ms.max.toFixed(0)} ms`,
+    ],
+  ];
+}
+
 /** The human-readable report (stdout). */
 export function formatTable(r: BenchResult): string {
   const rows: [string, string][] = [
@@ -150,13 +181,7 @@ export function formatTable(r: BenchResult): string {
       r.batch.map((b) => `${(r.host_ms_per_step[b] ?? 0).toFixed(2)}`).join(" / ") +
       ` ms  (batch ${r.batch.join(" / ")})`,
     ],
-    [
-      "event-loop lag p50 / p95 while decoding",
-      r.batch.map((b) => {
-        const l = r.event_loop_lag_ms[b];
-        return l ? `${l.p50.toFixed(1)} / ${l.p95.toFixed(1)}` : "-";
-      }).join(", ") + ` ms  (batch ${r.batch.join(", ")})`,
-    ],
+    ["event-loop lag p50 / p95 / max while decoding", lagRow(r.batch, r.event_loop_lag_ms)],
     [
       "bytes per token (batch 1)",
       `${formatBytes(r.bytes_per_token)}  (weights ${formatBytes(r.weight_bytes_per_token)}` +
@@ -168,19 +193,16 @@ export function formatTable(r: BenchResult): string {
     ],
     ["roofline fraction (batch 1)", r.roofline_fraction.toFixed(4)],
   );
-  if (r.sessions) {
-    const s = r.sessions, l = s.event_loop_lag_ms;
-    rows.push(
-      [
-        `decode beside ${s.sessions} sessions' turns`,
-        `${s.decode_tok_s.toFixed(1)} tok/s  (${r.new_tokens} tokens; turns of ${s.turn_tokens})`,
-      ],
-      [
-        "  event-loop lag p50 / p95 / max",
-        `${l.p50.toFixed(1)} / ${l.p95.toFixed(1)} / ${l.max.toFixed(1)} ms`,
-      ],
-      ["  snapshots pending at its end", `${s.flush_ms.toFixed(1)} ms to write`],
-    );
+  if (r.sessions) rows.push(...sessionRows(r.sessions, r.new_tokens));
+  const w = r.worker;
+  if (w) {
+    rows.push(["engine in a worker: time to first token", `${w.ttft_ms.toFixed(1)} ms`]);
+    for (const b of r.batch) {
+      const agg = b > 1 ? "  (aggregate)" : "";
+      rows.push([`  decode, batch ${b}`, `${w.decode_tok_s[b].toFixed(1)} tok/s${agg}`]);
+    }
+    rows.push(["  event-loop lag p50 / p95 / max", lagRow(r.batch, w.event_loop_lag_ms)]);
+    if (w.sessions) rows.push(...sessionRows(w.sessions, r.new_tokens, "  "));
   }
   const width = Math.max(...rows.map(([k]) => k.length)) + 2;
   const lines = [

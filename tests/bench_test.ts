@@ -77,6 +77,7 @@ Deno.test("bench: runBench on the tiny shape reports every field", async () => {
     prefillRuns: 2,
     profile: gpu.hasTimestamps,
     sessions: 2,
+    worker: true,
     gpu,
   });
   console.log(JSON.stringify({ ...r, profile: undefined }));
@@ -109,7 +110,10 @@ Deno.test("bench: runBench on the tiny shape reports every field", async () => {
     const ms = r.host_ms_per_step[b];
     assert.ok(ms > 0 && ms < 10_000, `host ms per step at batch ${b}: ${ms}`);
     const lag = r.event_loop_lag_ms[b];
-    assert.ok(lag.p50 > 0 && lag.p50 <= lag.p95, `event-loop lag at batch ${b}: ${lag}`);
+    assert.ok(
+      lag.p50 > 0 && lag.p50 <= lag.p95 && lag.p95 <= lag.max,
+      `event-loop lag at batch ${b}: ${JSON.stringify(lag)}`,
+    );
   }
   // The sessions scenario: a generation beside two sessions' turns, snapshotted.
   const s = r.sessions!;
@@ -118,6 +122,16 @@ Deno.test("bench: runBench on the tiny shape reports every field", async () => {
   assert.ok(s.decode_tok_s > 0 && s.flush_ms >= 0, JSON.stringify(s));
   const l = s.event_loop_lag_ms;
   assert.ok(l.p50 > 0 && l.p50 <= l.p95 && l.p95 <= l.max, JSON.stringify(l));
+  const sl = s.snapshot_lag_ms;
+  assert.ok(sl.p50 >= 0 && sl.p50 <= sl.max, JSON.stringify(sl));
+  // The same measurements with the engine in a worker: every batch, the scenario too.
+  const w = r.worker!;
+  assert.ok(w.ttft_ms > 0, JSON.stringify(w));
+  assert.deepEqual(Object.keys(w.decode_tok_s), ["1", "2"]);
+  assert.deepEqual(Object.keys(w.event_loop_lag_ms), ["1", "2"]);
+  for (const v of Object.values(w.decode_tok_s)) assert.ok(v > 0, JSON.stringify(w));
+  assert.equal(w.sessions?.sessions, 2);
+  assert.ok(w.sessions!.snapshot_lag_ms.max >= 0, JSON.stringify(w.sessions));
   assert.equal(r.prompt_len, 8);
   assert.equal(r.new_tokens, 8);
   assert.equal(r.deno, Deno.version.deno);

@@ -7,7 +7,7 @@
  */
 import assert from "node:assert/strict";
 import { type Browser, chromium, type Page } from "playwright-core";
-import { Engine } from "../engine/engine.ts";
+import { WorkerEngine } from "../engine/worker_engine.ts";
 import { createApp } from "../routes/app.ts";
 
 const CHROMIUM = "/usr/bin/chromium";
@@ -77,9 +77,9 @@ Deno.test({
   name: "chat page: key, stream, stop, reconnect, errors, follow-up in one session",
   ignore: !hasChromium,
   async fn(t) {
-    // On llvmpipe a GPU submission blocks this process's event loop (Playwright's client included)
-    // until it finishes; a few decode steps per submission keep the page and the test responsive.
-    const engine = await Engine.load(MODEL_DIR, { maxSlots: 4, maxSteps: 4 });
+    // As `main.ts serve` runs it: the engine in a worker, whose GPU waits (on llvmpipe, whole
+    // submissions) block that thread, not this one's server and Playwright client.
+    const engine = await WorkerEngine.load({ dir: MODEL_DIR }, { maxSlots: 4 });
     const server = Deno.serve(
       { hostname: "127.0.0.1", port: 0, onListen() {} },
       createApp(engine, { apiKey: KEY }).fetch,
@@ -239,6 +239,7 @@ Deno.test({
     } finally {
       await browser?.close();
       await server.shutdown();
+      await engine.close();
     }
   },
 });

@@ -223,6 +223,7 @@ export class WorkerEngine implements EngineLike {
       return new WorkerEngine(worker, tokenizer, info);
     } catch (e) {
       worker.terminate();
+      await new Promise((r) => setTimeout(r, TEARDOWN_MS)); // see close()
       throw e;
     }
   }

@@ -35,8 +35,7 @@ function post(m: FromWorker): void {
 }
 
 function state(e: Engine): WorkerState {
-  const { running, queued } = e.load();
-  return { running, queued, kv: e.kvStats() };
+  return { running: e.load().running, kv: e.kvStats() };
 }
 
 /** Sends what piled up at the end of the current microtask. */

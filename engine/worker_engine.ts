@@ -52,7 +52,6 @@ export interface WorkerEngineOptions extends Omit<EngineOptions, "gpu" | "store"
 /** The engine's counters as of the worker's last message. */
 export interface WorkerState {
   running: number;
-  queued: number;
   kv: KvStats;
 }
 
@@ -167,7 +166,6 @@ export class WorkerEngine implements EngineLike {
   #state: WorkerState;
   readonly #sessions = new Map<string, SessionInfo>();
   readonly #gens = new Map<number, Remote>();
-  readonly #busy = new Set<string>();
   readonly #calls = new Map<
     number,
     { resolve: (v: unknown) => void; reject: (e: unknown) => void }
@@ -265,7 +263,7 @@ export class WorkerEngine implements EngineLike {
 
   /** @throws SessionBusyError while a generation uses the session */
   async deleteSession(id: string): Promise<boolean> {
-    if (this.#busy.has(id)) throw new SessionBusyError(id);
+    if (this.#busy(id)) throw new SessionBusyError(id);
     return await this.#call("deleteSession", id) as boolean;
   }
 
@@ -291,7 +289,7 @@ export class WorkerEngine implements EngineLike {
     const { queued } = this.load();
     if (queued >= this.#info.maxQueued) throw new EngineBusyError(queued);
     const { sessionId } = request;
-    if (sessionId !== undefined && this.#busy.has(sessionId)) {
+    if (sessionId !== undefined && this.#busy(sessionId)) {
       throw new SessionBusyError(sessionId);
     }
     const id = this.#next++;
@@ -304,7 +302,6 @@ export class WorkerEngine implements EngineLike {
     result.catch(() => {}); // callers that only iterate see the error there
     const remote: Remote = { out, resolve, reject, sessionId, ended: false };
     this.#gens.set(id, remote);
-    if (sessionId !== undefined) this.#busy.add(sessionId);
     this.#worker.postMessage(
       {
         t: "generate",
@@ -349,6 +346,12 @@ export class WorkerEngine implements EngineLike {
     await new Promise((r) => setTimeout(r, TEARDOWN_MS));
   }
 
+  /** A generation this thread started and has not seen end uses the session. */
+  #busy(sessionId: string): boolean {
+    for (const g of this.#gens.values()) if (g.sessionId === sessionId) return true;
+    return false;
+  }
+
   #call(method: CallMethod, ...args: unknown[]): Promise<unknown> {
     if (this.#dead) return Promise.reject(this.#dead);
     const rid = this.#next++;
@@ -390,7 +393,6 @@ export class WorkerEngine implements EngineLike {
     const g = this.#gens.get(id);
     if (!g) return;
     this.#gens.delete(id);
-    if (g.sessionId !== undefined) this.#busy.delete(g.sessionId);
     g.ended = true;
     g.out.close(error);
     return g;

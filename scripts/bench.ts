@@ -11,7 +11,7 @@
  * The table goes to stdout, progress to stderr (TTY only), and with `--out` a JSON object.
  */
 import { parseArgs } from "node:util";
-import { Engine } from "../engine/engine.ts";
+import { Engine, type HostStats } from "../engine/engine.ts";
 import { getGpu, type Gpu } from "../engine/gpu.ts";
 import { syntheticModel } from "../engine/synthetic.ts";
 import { BLOCK } from "../engine/kv.ts";
@@ -222,7 +222,7 @@ async function measure(
   const bw = await measureReadBandwidth(gpu, { bytes: o.readBytes });
 
   const vocab = Math.min(cfg.vocabSize, engine.tokenizer.vocabSize);
-  const d = await decodeRuns(engine, o, vocab, () => engine.hostStats());
+  const d = await decodeRuns(engine, o, vocab);
   const sessions = o.sessions > 0 ? await sessionsScenario(engine, o, vocab) : undefined;
   const arrivals = d.batch1.arrivals;
   const gaps = arrivals.slice(1).map((t, i) => t - arrivals[i]);
@@ -238,7 +238,7 @@ async function measure(
       { ...rest, kvPath: workerKv },
     );
     try {
-      const wd = await decodeRuns(w, o, vocab, () => w.hostStats(), "worker: ");
+      const wd = await decodeRuns(w, o, vocab, "worker: ");
       worker = {
         ttft_ms: wd.ttft,
         decode_tok_s: wd.decode,
@@ -318,10 +318,9 @@ interface DecodeRuns {
 
 /** Warms `engine` up, then times its first token and its decode at every batch size. */
 async function decodeRuns(
-  engine: EngineLike,
+  engine: EngineLike & { hostStats(): HostStats | Promise<HostStats> },
   o: Checked,
   vocab: number,
-  hostStats: () => { ms: number; steps: number } | Promise<{ ms: number; steps: number }>,
   label = "",
 ): Promise<DecodeRuns> {
   const prompts = promptMaker(vocab, o.promptLen);
@@ -350,13 +349,13 @@ async function decodeRuns(
   const lag: DecodeRuns["lag"] = {};
   for (const b of o.batch) {
     status(`bench: ${label}decode, batch ${b} x ${o.newTokens} tokens`);
-    const before = await hostStats();
+    const before = await engine.hostStats();
     const probe = lagProbe();
     const runs = await generateAll(b, o.newTokens);
     const lags = await probe.stop();
-    lag[b] = { p50: percentile(lags, 50), p95: percentile(lags, 95), max: Math.max(...lags) };
+    lag[b] = lagSummary(lags);
     decode[b] = decodeRate(runs);
-    const after = await hostStats();
+    const after = await engine.hostStats();
     hostMs[b] = (after.ms - before.ms) / Math.max(1, after.steps - before.steps);
     if (b === 1) batch1 = runs[0];
   }
@@ -395,14 +394,15 @@ async function sessionsScenario(
     sessions: o.sessions,
     turn_tokens: turn,
     decode_tok_s: decodeRate([r!]),
-    event_loop_lag_ms: {
-      p50: percentile(lag, 50),
-      p95: percentile(lag, 95),
-      max: Math.max(...lag),
-    },
+    event_loop_lag_ms: lagSummary(lag),
     flush_ms: flushMs,
     snapshot_lag_ms: { p50: percentile(snapLag, 50), max: Math.max(...snapLag) },
   };
+}
+
+/** p50, p95 and max of {@linkcode lagProbe}'s samples. */
+function lagSummary(lags: number[]): { p50: number; p95: number; max: number } {
+  return { p50: percentile(lags, 50), p95: percentile(lags, 95), max: Math.max(...lags) };
 }
 
 /** Records how long `setTimeout(0)` takes, over and over, until `stop`. */

@@ -2,8 +2,9 @@
  * Linear layers: `y[m, n] (+)= Σ_k x[m, k] W[n, k] (+ bias[n])` with W in the Hugging Face
  * `[out, in]` layout and any weight dtype, x and y f32. Four kernels, picked by M and W's shape:
  *
- * - `small` (kernels/matmul_small.wgsl): decode batches, 1 ≤ M ≤ 32 (below 24 for products
- *   wider than deep, below 12 for those `rows` takes), K a multiple of 8 (16-bit W) or 4 (f32 W).
+ * - `small` (kernels/matmul_small.wgsl): decode batches, 1 ≤ M ≤ 16 for products no wider than
+ *   deep, up to 21 rows for those wider (below 12 for those `rows` takes), up to 32 when forced,
+ *   K a multiple of 8 (16-bit W) or 4 (f32 W).
  *   Register-blocked: a thread holds 4 rows of W × rm rows of x (rm ≤ 8), so each 16-byte load
  *   of W is applied to rm rows of x from registers and each load of x to 4 rows of W. Many
  *   small tiles, K split over the threads of a workgroup and reduced in workgroup memory;
@@ -14,8 +15,8 @@
  *   widened once and applied to every row, whose x comes from workgroup memory as a broadcast.
  *   Always two dispatches (K splits, then the `tiled` kernel's `reduce`); launch shape from
  *   {@linkcode rowsTuning}.
- * - `tiled` (kernels/matmul.wgsl): prefill, M > 32, and QKV (wider than deep) from 24 rows
- *   (`WIDE_TILED_M`). Classic SGEMM register
+ * - `tiled` (kernels/matmul.wgsl): prefill, M > 32, QKV (wider than deep) from 22 rows
+ *   (`WIDE_TILED_M`), o and down from 17 (`DEEP_TILED_M`). Classic SGEMM register
  *   blocking: a workgroup owns a bm × bn tile of y (up to 128 × 128), a thread a tm × tn block
  *   of it (up to 8 × 8: 64 multiply-adds per 4 vec4 reads of workgroup memory), K in steps of
  *   bk staged through workgroup memory with the next step's 16-byte global loads in flight in
@@ -253,7 +254,9 @@ export interface MatmulOptions {
 }
 
 /**
- * Largest M the `small` kernel takes by default; more rows go to `tiled`. H200, TinyLlama f16,
+ * M above which every product goes to `tiled`, whatever its shape (below, `small` keeps up to 16
+ * rows of products no wider than deep and up to 21 of wider ones: {@linkcode DEEP_TILED_M},
+ * {@linkcode WIDE_TILED_M}; `rows` takes 12–32 of the widest). H200, TinyLlama f16,
  * µs per call (scripts/sweep_kernels.ts), `small` vs `tiled` (in 8 splits, see
  * {@linkcode tiledTuning}) at M = 33 / 48 / 64: o 33.6 / 34.7 / 32.6 vs 29.1 / 28.9 / 29.3, down
  * 64.2 / 67.4 / 70.0 vs 62.7 / 62.5 / 62.8 (and `small` steps up at 56: 39.2, 75.0); at M = 32
@@ -269,9 +272,21 @@ const DECODE_TILE_M = 64;
  * the LM head) go to `tiled` even within `small`'s range. H200, TinyLlama f16, µs per call,
  * `small` vs `tiled` (K split as {@linkcode tiledTuning} says): at M = 24, QKV 28.8 vs 27.5,
  * gate/up 102 vs 75.7, LM head 203 vs 180; at M = 16 `small` is ahead (19.0 vs 27.3, 58.3 vs
- * 75.2, 151 vs 178); at M = 32: 30.2 vs 27.3, 105 vs 75.7, 283 vs 168.
+ * 75.2, 151 vs 178); at M = 32: 30.2 vs 27.3, 105 vs 75.7, 283 vs 168. QKV again, 2026-12-01
+ * (`scripts/sweep_kernels.ts --m 12,14,16,17,18,20,22,24,...`): M = 17 / 18 / 20 25.4 / 26.1 /
+ * 26.7 vs 27.1–27.2, M = 22 29.0 vs 27.3.
  */
-const WIDE_TILED_M = 24;
+const WIDE_TILED_M = 22;
+
+/**
+ * Rows of x from which products no wider than deep (o, down) go to `tiled`: `small` takes a step
+ * up after 16 rows (its third block of 8 rows) that `tiled`'s 32-row tiles do not. H200,
+ * TinyLlama f16, µs per call, `small` vs `tiled`, same sweep: o at M = 16 16.9 vs 20.6, M = 17 /
+ * 20 / 24 25.2 / 25.3 / 25.7 vs 20.8 / 21.0 / 20.7, M = 28 / 32 21.6 / 21.7 vs 21.1 / 21.9; down
+ * at M = 16 26.8 vs 37.7, M = 17 / 20 / 24 44.6 / 43.9 / 44.8 vs 38.0 / 38.1 / 38.1, M = 28 /
+ * 32 39.5 / 39.9 vs 38.4 / 38.6.
+ */
+const DEEP_TILED_M = 17;
 
 /**
  * Rows of x for which products at least {@linkcode ROWS_WIDE} times wider than deep (gate/up,
@@ -343,7 +358,7 @@ export function matmulPath(m: number, w: WeightBuffer): MatmulPath {
     w.rows >= ROWS_WIDE * w.cols
   ) return "rows";
   if (m > SMALL_MAX_M) return "tiled";
-  if (m >= WIDE_TILED_M && w.rows > w.cols) return "tiled";
+  if (m >= (w.rows > w.cols ? WIDE_TILED_M : DEEP_TILED_M)) return "tiled";
   return w.cols % unitWidth(w.dtype) === 0 ? "small" : "naive";
 }
 

@@ -148,8 +148,9 @@ const NORM_CASES: FusedCase[] = [
   { m: 8, n: 33, k: 64, dtype: "f32", path: "small", norm: true, bias: true },
   { m: 9, n: 37, k: 64, dtype: "f16", path: "small", norm: true },
   // the decode K: 256 threads share the sum of squares of each row
-  { m: 32, n: 37, k: 2048, dtype: "f16", path: "small", norm: true, bias: true },
-  { m: 31, n: 33, k: 64, dtype: "bf16", path: "small", norm: true, accumulate: true },
+  { m: 16, n: 37, k: 2048, dtype: "f16", path: "small", norm: true, bias: true },
+  // from 17 rows, products no wider than deep go to tiled
+  { m: 31, n: 33, k: 64, dtype: "bf16", path: "tiled", norm: true, accumulate: true },
   { m: 64, n: 37, k: 64, dtype: "f32", path: "tiled", norm: true },
   {
     m: 5,
@@ -198,7 +199,7 @@ const SWIGLU_CASES: FusedCase[] = [
   { m: 1, n: 37, k: 64, dtype: "f16", path: "small", swiglu: true, block: 4, bias: true },
   { m: 17, n: 37, k: 64, dtype: "f16", path: "small", swiglu: true, norm: true, block: 32 },
   {
-    m: 23,
+    m: 21,
     n: 37,
     k: 64,
     dtype: "bf16",
@@ -212,7 +213,7 @@ const SWIGLU_CASES: FusedCase[] = [
   // the decode shape: K = 2048, 128 threads per column group
   { m: 1, n: 37, k: 2048, dtype: "f16", path: "small", swiglu: true, norm: true, bias: true },
   {
-    m: 23,
+    m: 16,
     n: 37,
     k: 128,
     dtype: "f16",

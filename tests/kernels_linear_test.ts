@@ -173,16 +173,19 @@ const MATMUL_CASES: MatmulCase[] = [
   { m: 7, n: 37, k: 64, dtype: "f16", path: "small", bias: true },
   { m: 8, n: 33, k: 64, dtype: "f32", path: "small", bias: true },
   { m: 9, n: 37, k: 64, dtype: "f16", path: "small", accumulate: true },
-  { m: 17, n: 37, k: 64, dtype: "bf16", path: "small" },
-  { m: 31, n: 37, k: 64, dtype: "f16", path: "small" },
-  { m: 32, n: 101, k: 256, dtype: "f16", path: "small", bias: true, accumulate: true },
+  { m: 16, n: 37, k: 64, dtype: "bf16", path: "small" },
+  // 17 to 32 rows: tiled for products no wider than deep (o, down)
+  { m: 17, n: 37, k: 64, dtype: "bf16", path: "tiled" },
+  { m: 31, n: 37, k: 64, dtype: "f16", path: "tiled" },
+  { m: 32, n: 101, k: 256, dtype: "f16", path: "tiled", bias: true, accumulate: true },
   // 33 to 64 rows: tiled, in its decode-batch tiles (32 rows) and K splits
   { m: 33, n: 37, k: 64, dtype: "f32", path: "tiled" },
   { m: 63, n: 37, k: 64, dtype: "f16", path: "tiled" },
   { m: 64, n: 33, k: 1032, dtype: "bf16", path: "tiled", bias: true },
-  // a product wider than deep (QKV): tiled from 24 rows of x, small below
-  { m: 24, n: 200, k: 64, dtype: "f16", path: "tiled", bias: true },
-  { m: 23, n: 200, k: 64, dtype: "f16", path: "small" },
+  // a product wider than deep (QKV): tiled from 22 rows of x, small below
+  { m: 22, n: 200, k: 64, dtype: "f16", path: "tiled", bias: true },
+  { m: 21, n: 200, k: 64, dtype: "f16", path: "small" },
+  { m: 17, n: 101, k: 64, dtype: "bf16", path: "small", bias: true, accumulate: true },
   // at least 4x wider than deep (gate/up, the LM head), 16-bit W: rows from 12 to 32 rows of x
   { m: 11, n: 300, k: 64, dtype: "f16", path: "small" },
   { m: 12, n: 300, k: 64, dtype: "f16", path: "rows", bias: true },
@@ -197,8 +200,8 @@ const MATMUL_CASES: MatmulCase[] = [
   { m: 31, n: 300, k: 64, dtype: "f16", path: "rows", rows: { r: 32, kl: 4, cg: 16, splits: 1 } },
   // small, launch shapes other than the default: a partial last row tile of several row
   // groups; more K lanes than units (idle lanes); one row per thread over several row tiles
-  { m: 31, n: 101, k: 256, dtype: "f16", path: "small", small: { rm: 4, tm: 4, tn: 2, tk: 8 } },
-  { m: 17, n: 37, k: 128, dtype: "bf16", path: "small", small: { rm: 8, tk: 64, unroll: 2 } },
+  { m: 21, n: 301, k: 256, dtype: "f16", path: "small", small: { rm: 4, tm: 4, tn: 2, tk: 8 } },
+  { m: 16, n: 37, k: 128, dtype: "bf16", path: "small", small: { rm: 8, tk: 64, unroll: 2 } },
   { m: 3, n: 37, k: 64, dtype: "f32", path: "small", small: { rm: 1, tm: 2, tn: 1, tk: 128 } },
   // four units per loop trip: K lanes with a partial last trip (25 units over 4 lanes x 4)
   { m: 5, n: 37, k: 200, dtype: "f16", path: "small", small: { rm: 2, tk: 4, unroll: 4 } },
@@ -249,11 +252,13 @@ Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefil
     cols,
   });
   // TinyLlama: QKV 2560 x 2048 and gate/up 11264 x 2048 are wider than deep; o and down not.
-  // From 24 rows the wider ones go to tiled; from 33 rows all of them.
-  assert.equal(matmulPath(24, weight(2560, 2048)), "tiled");
-  assert.equal(matmulPath(23, weight(2560, 2048)), "small");
-  assert.equal(matmulPath(32, weight(2048, 5632)), "small");
-  assert.equal(matmulPath(33, weight(2048, 2048)), "tiled");
+  // From 22 rows the wider ones go to tiled, from 17 the others.
+  assert.equal(matmulPath(22, weight(2560, 2048)), "tiled");
+  assert.equal(matmulPath(21, weight(2560, 2048)), "small");
+  assert.equal(matmulPath(16, weight(2048, 5632)), "small");
+  assert.equal(matmulPath(17, weight(2048, 5632)), "tiled");
+  assert.equal(matmulPath(16, weight(2048, 2048)), "small");
+  assert.equal(matmulPath(17, weight(2048, 2048)), "tiled");
   // gate/up (5.5x wider) and the LM head (15.6x): rows from 12 to 32 rows of x, 16-bit W only
   assert.equal(matmulPath(11, weight(11264, 2048)), "small");
   assert.equal(matmulPath(12, weight(11264, 2048)), "rows");

@@ -3,8 +3,8 @@
  * `[out, in]` layout and any weight dtype, x and y f32. Four kernels, picked by M and W's shape:
  *
  * - `small` (kernels/matmul_small.wgsl): decode batches, 1 ≤ M ≤ 16 for products no wider than
- *   deep, up to 21 rows for those wider (below 12 for those `rows` takes), up to 32 when forced,
- *   K a multiple of 8 (16-bit W) or 4 (f32 W).
+ *   deep, up to 21 rows for those wider (below 12 for those `rows` takes), any M when forced
+ *   (`path`), K a multiple of 8 (16-bit W) or 4 (f32 W).
  *   Register-blocked: a thread holds 4 rows of W × rm rows of x (rm ≤ 8), so each 16-byte load
  *   of W is applied to rm rows of x from registers and each load of x to 4 rows of W. Many
  *   small tiles, K split over the threads of a workgroup and reduced in workgroup memory;
@@ -253,17 +253,6 @@ export interface MatmulOptions {
   rows?: Partial<RowsTuning>;
 }
 
-/**
- * M above which every product goes to `tiled`, whatever its shape (below, `small` keeps up to 16
- * rows of products no wider than deep and up to 21 of wider ones: {@linkcode DEEP_TILED_M},
- * {@linkcode WIDE_TILED_M}; `rows` takes 12–32 of the widest). H200, TinyLlama f16,
- * µs per call (scripts/sweep_kernels.ts), `small` vs `tiled` (in 8 splits, see
- * {@linkcode tiledTuning}) at M = 33 / 48 / 64: o 33.6 / 34.7 / 32.6 vs 29.1 / 28.9 / 29.3, down
- * 64.2 / 67.4 / 70.0 vs 62.7 / 62.5 / 62.8 (and `small` steps up at 56: 39.2, 75.0); at M = 32
- * they are level (o 21.9 vs 22.1, down 40.2 vs 38.9).
- */
-export const SMALL_MAX_M = 32;
-
 /** Rows up to which `tiled` uses its decode-batch tiles (see {@linkcode tiledTuning}). */
 const DECODE_TILE_M = 64;
 
@@ -284,7 +273,9 @@ const WIDE_TILED_M = 22;
  * TinyLlama f16, µs per call, `small` vs `tiled`, same sweep: o at M = 16 16.9 vs 20.6, M = 17 /
  * 20 / 24 25.2 / 25.3 / 25.7 vs 20.8 / 21.0 / 20.7, M = 28 / 32 21.6 / 21.7 vs 21.1 / 21.9; down
  * at M = 16 26.8 vs 37.7, M = 17 / 20 / 24 44.6 / 43.9 / 44.8 vs 38.0 / 38.1 / 38.1, M = 28 /
- * 32 39.5 / 39.9 vs 38.4 / 38.6. In the engine's step the gain is larger than these calls say:
+ * 32 39.5 / 39.9 vs 38.4 / 38.6; earlier, at M = 33 / 48 / 64 (`tiled` in 8 splits, see
+ * {@linkcode tiledTuning}): o 33.6 / 34.7 / 32.6 vs 29.1 / 28.9 / 29.3, down 64.2 / 67.4 / 70.0
+ * vs 62.7 / 62.5 / 62.8 (`small` steps up again at 56: 39.2, 75.0). In the engine's step the gain is larger than these calls say:
  * batch 32 4.87 → 4.50 ms per step in one pass, the bench +9–13 % at batches 17–32 (BENCHMARKS.md,
  * a1e3973). Measured with 16-bit W only; f32 W follows the same rule.
  */
@@ -359,7 +350,6 @@ export function matmulPath(m: number, w: WeightBuffer): MatmulPath {
     m >= ROWS_MIN_M && m <= ROWS_MAX_M && w.dtype !== "f32" && w.cols % 8 === 0 &&
     w.rows >= ROWS_WIDE * w.cols
   ) return "rows";
-  if (m > SMALL_MAX_M) return "tiled";
   if (m >= (w.rows > w.cols ? WIDE_TILED_M : DEEP_TILED_M)) return "tiled";
   return w.cols % unitWidth(w.dtype) === 0 ? "small" : "naive";
 }

@@ -1,15 +1,14 @@
 /**
  * Decode attention for a ragged batch, with the new token's RoPE and KV-cache write folded in
  * (rope_kv's work at decode, without its dispatch): each workgroup step takes a chunk of 64 keys
- * (4 threads per key, online softmax, no long serial loops), in one pass when the batch alone
- * fills the GPU or the context is short, else split along the KV length (flash-decoding) with a
- * parallel `combine`. See kernels/attention_decode.wgsl for the kernel and why it looks this way.
+ * (4 threads per key, online softmax, no long serial loops), in one pass or split along the KV
+ * length (flash-decoding) with a parallel `combine`, as {@linkcode decodePlan}'s cost model
+ * decides. See kernels/attention_decode.wgsl for the kernel and why it looks this way.
  *
- * The split heuristic's constants below are reasoned from the H200's shape (132 SMs); the
- * single-pass threshold (`FULL_GPU`) was checked against split counts at batch 8 and 32 there.
- * Compare them with `deno run -A scripts/sweep_kernels.ts --variants '[]' --batches 1,8,32
- * --contexts 640,2048 --attn-variants '[{}, {"splitSize": 64}, {"splitSize": 1e9}]'` (default,
- * one split per 64-key chunk, single pass).
+ * The plan's constants were fitted on the H200 (132 SMs). Compare them with `deno run -A
+ * scripts/sweep_kernels.ts --m "" --batches 1,8,24,32 --contexts 640,2048 --attn-variants '[{},
+ * {"splitSize": 320, "minRowGroups": 2}, {"splitSize": 64}, {"splitSize": 1e9}]'` (the plan,
+ * 2 splits of two row groups at 640 keys, one split per 64-key chunk, single pass).
  */
 import type { KvDtype } from "../engine/dtype.ts";
 import { createStorage, type Gpu, isCpuAdapter } from "../engine/gpu.ts";
@@ -22,19 +21,29 @@ const TPK = 4;
 /** Keys per chunk that the split heuristic counts in (the GPU chunk). */
 const CHUNK = 64;
 /**
- * `seqs · nKvHeads` workgroups from which one pass is enough: about two per SM of an H200 (132),
- * each streaming its slot's keys, so a split would only add the `combine` dispatch. Measured on
- * the H200 at batch 32 (128 workgroups), TinyLlama heads, µs per layer, one pass vs two splits:
- * 42.2 vs 34.4 at context 640, 119 vs 81 at 2048 (scripts/sweep_kernels.ts).
- */
-const FULL_GPU = 256;
-/** Workgroups to aim for when splitting a smaller batch (two per SM). */
-const TARGET_WORKGROUPS = 256;
-/**
  * Chunks per slot at `maxContext` up to which one pass is kept even for one slot: four serial
  * chunks should cost about what a second dependent dispatch does (~2 µs on the H200).
  */
 const SERIAL_CHUNKS = 4;
+/**
+ * The launch plan's cost model ({@linkcode decodePlan}), fitted on the H200 (132 SMs). `main`
+ * holds ROWS accumulators per thread, so its registers, not its workgroup memory, cap how many
+ * workgroups an SM runs at once: two at 5–8 rows, three at up to 4 (`RESIDENT`). A launch past
+ * that many is a second wave. A workgroup's time is `WG_FIXED` plus its chunks, each costing
+ * `1 + rows / ROW_WEIGHT` (the keys are read and scored whatever the rows; each row adds a
+ * little). The model's best plan was the measured best at all 20 points of a sweep of every
+ * split count and row grouping (`scripts/sweep_kernels.ts`, batches 1–64 at contexts 640 and
+ * 2048, TinyLlama heads; see BENCHMARKS.md), where the rule before it lost 84 µs per layer summed
+ * over them (24 slots at 640 keys: 37.5 µs in 3 splits, 30.3 in 2 splits of two row groups; 48
+ * slots: 59.8 in 2 splits, 46.5 in one pass of two row groups; 24 slots at 2048 keys: 97.3 in 3
+ * splits, 71.3 in 8).
+ */
+const SMS = 132;
+const RESIDENT = (rows: number) => rows > 4 ? 2 : 3;
+const WG_FIXED = 1;
+const ROW_WEIGHT = 24;
+/** Row groupings the plan weighs (workgroups per kv head, before the memory budget). */
+const ROW_GROUPS = [1, 2, 4];
 /** Most splits (`combine` loads one (m, l) per thread). */
 const MAX_SPLITS = 64;
 /** Threads of `combine`; each holds at most `CMAX` partials. */
@@ -93,18 +102,21 @@ export interface AttentionDecodeScratchOptions {
   headDim: number;
   /** Longest context the engine serves; with `seqs`, fixes the split count. */
   maxContext: number;
-  /** KV heads (default 1: the most splits, so the scratch size is an upper bound). */
-  nKvHeads?: number;
+  nKvHeads: number;
   /**
    * Keys per split at `maxContext`: forces `ceil(maxContext / splitSize)` splits (at most 64;
-   * 1 = single pass). Default: the heuristic described at {@linkcode attentionDecodeDispatches}.
+   * 1 = single pass). Default: {@linkcode decodePlan}'s.
    */
   splitSize?: number;
+  /**
+   * Workgroups per kv head at least (at most the q heads per kv head). Default: the plan's (see
+   * {@linkcode decodePlan}).
+   */
+  minRowGroups?: number;
 }
 
 /** Shape of {@linkcode attentionDecodeDispatches}. */
 export interface AttentionDecodeOptions extends AttentionDecodeScratchOptions {
-  nKvHeads: number;
   layer: number;
   nLayers: number;
   maxBlocks: number;
@@ -112,31 +124,68 @@ export interface AttentionDecodeOptions extends AttentionDecodeScratchOptions {
   scale?: number;
   /** Cap on workgroup memory in bytes (default: see {@linkcode attentionDecodeGeometry}). */
   maxTileBytes?: number;
-  /**
-   * Workgroups per kv head at least (default: 2 when the launch would have fewer than
-   * `TARGET_WORKGROUPS` workgroups, else 1; see {@linkcode attentionDecodeDispatches}).
-   */
-  minRowGroups?: number;
   /** Element type of the pools (default f32). */
   kvDtype?: KvDtype;
 }
 
-/** Split count for these options: 1 = single pass, no `combine`. */
-function splitCount(opts: AttentionDecodeScratchOptions): number {
+/** The launch of {@linkcode attentionDecodeDispatches}: splits along the KV length, row groups. */
+export interface DecodePlan {
+  /** 1 = single pass, no `combine`. */
+  splits: number;
+  /** Workgroups per kv head asked of {@linkcode attentionDecodeGeometry} (`minRowGroups`). */
+  rowGroups: number;
+}
+
+/**
+ * Chooses splits and row groups by the cost model above (`SMS` … `ROW_WEIGHT`): each pair's
+ * workgroups `splits · rowGroups · nKvHeads · seqs` run in waves of `SMS · RESIDENT(rows)`, each
+ * wave as long as one workgroup's `WG_FIXED + ceil(chunks / splits) · (1 + rows / ROW_WEIGHT)`
+ * (chunks of 64 keys of `maxContext`); the cheapest wins, ties to fewer workgroups. Up to
+ * `SERIAL_CHUNKS` chunks keep one pass. A `splitSize` or `minRowGroups` given fixes that half.
+ * Rows are counted as on a GPU (all q heads of a kv head in one workgroup up to 8); where the
+ * memory budget allows fewer (llvmpipe through GL) the geometry adds row groups, which changes
+ * the cost but not the correctness.
+ *
+ * @throws Error ("internal error") on a `splitSize` that is not an integer ≥ 1.
+ * @example
+ * decodePlan({ seqs: 24, nHeads: 32, nKvHeads: 4, headDim: 64, maxContext: 640 });
+ * // { splits: 2, rowGroups: 2 }
+ */
+export function decodePlan(opts: AttentionDecodeScratchOptions): DecodePlan {
   const cap = Math.min(MAX_SPLITS, CMAX * Math.floor(CWG / (opts.headDim / 4)));
   const context = Math.max(1, opts.maxContext);
+  const chunks = Math.ceil(context / CHUNK);
+  let splitChoices: number[];
   if (opts.splitSize !== undefined) {
     if (!(Number.isInteger(opts.splitSize) && opts.splitSize >= 1)) {
       throw new Error(
         `internal error: decode splitSize must be an integer ≥ 1; got ${opts.splitSize}`,
       );
     }
-    return Math.max(1, Math.min(cap, Math.ceil(context / opts.splitSize)));
+    splitChoices = [Math.max(1, Math.min(cap, Math.ceil(context / opts.splitSize)))];
+  } else if (chunks <= SERIAL_CHUNKS) {
+    splitChoices = [1];
+  } else {
+    splitChoices = Array.from({ length: Math.min(cap, chunks) }, (_, i) => i + 1);
   }
-  const chunks = Math.ceil(context / CHUNK);
-  const workgroups = opts.seqs * (opts.nKvHeads ?? 1);
-  if (chunks <= SERIAL_CHUNKS || workgroups >= FULL_GPU) return 1;
-  return Math.max(1, Math.min(cap, chunks, Math.ceil(TARGET_WORKGROUPS / workgroups)));
+  const group = Math.max(1, Math.floor(opts.nHeads / opts.nKvHeads));
+  const groupChoices = opts.minRowGroups !== undefined
+    ? [opts.minRowGroups]
+    : ROW_GROUPS.filter((g, i) => i === 0 || g <= group);
+  let best: DecodePlan & { cost: number; workgroups: number } | undefined;
+  for (const splits of splitChoices) {
+    for (const asked of groupChoices) {
+      const groups = Math.max(Math.ceil(group / RMAX), Math.min(asked, group));
+      const rows = Math.ceil(group / groups);
+      const workgroups = splits * groups * opts.nKvHeads * opts.seqs;
+      const waves = Math.ceil(workgroups / (SMS * RESIDENT(rows)));
+      const cost = waves * (WG_FIXED + Math.ceil(chunks / splits) * (1 + rows / ROW_WEIGHT));
+      if (
+        !best || cost < best.cost || (cost === best.cost && workgroups < best.workgroups)
+      ) best = { splits, rowGroups: asked, cost, workgroups };
+    }
+  }
+  return { splits: best!.splits, rowGroups: best!.rowGroups };
 }
 
 /**
@@ -147,7 +196,7 @@ function splitCount(opts: AttentionDecodeScratchOptions): number {
  * const bytes = attentionDecodeScratchBytes({ seqs: 8, nHeads: 32, headDim: 64, maxContext: 2048 });
  */
 export function attentionDecodeScratchBytes(opts: AttentionDecodeScratchOptions): number {
-  const n = splitCount(opts);
+  const n = decodePlan(opts).splits;
   return n === 1 ? 0 : opts.seqs * opts.nHeads * n * (opts.headDim + 4) * 4;
 }
 
@@ -257,18 +306,14 @@ function sharedScratch(gpu: Gpu, bytes: number): GPUBuffer {
  * passes `pos = seqLen - 1` for running slots and the trash position for finished ones, as
  * `step_begin` leaves them.
  *
- * One dispatch (a single pass) when `seqs · nKvHeads` workgroups already fill an H200 (≥ 256) or
- * `maxContext` is at most 256 keys; otherwise up to 64 splits (about 256 workgroups, at most one
- * per 64 keys of `maxContext`) and a `combine` dispatch. Each slot's chunks are spread over the
- * splits by its own length, so any length stays correct; `maxContext` only sets the split count.
- *
- * When the launch still has fewer than 256 workgroups (`splits · nKvHeads · seqs`: small batches,
- * short contexts), the q heads of a kv head are shared by two workgroups instead of one (4 rows
- * each with GQA 8), which halves each workgroup's serial work per chunk. H200, TinyLlama heads,
- * µs per layer, one row group vs two (scripts/sweep_kernels.ts): batch 1 11.2 → 9.9 at context
- * 640 and 11.3 → 10.6 at 2048; batch 2 11.3 → 10.5 and batch 4 12.4 → 11.8 at 640. From 256
- * workgroups on it was slower: batch 2 at 2048 12.7 → 17.1, batch 4 19.0 → 24.5, batch 8 at 640
- * 16.5 → 17.1.
+ * One dispatch (a single pass), or up to 64 splits (at most one per 64 keys of `maxContext`) and
+ * a `combine` dispatch; the q heads of a kv head in one workgroup or shared by two or four. Both
+ * are {@linkcode decodePlan}'s choice: one pass when `maxContext` is at most 256 keys or the batch
+ * alone fills the GPU (64 slots of TinyLlama's 4 kv heads), many splits and row groups for small
+ * batches (batch 1 at 640 keys: 10 splits of four row groups, 2 q heads each), and between them
+ * whatever keeps the launch in the fewest waves of the shortest workgroups. Each slot's chunks
+ * are spread over the splits by its own length, so any length stays correct; `maxContext` only
+ * sets the split count.
  *
  * @throws Error ("internal error") on shapes that do not fit, or scratch over the binding limit.
  * @example
@@ -292,13 +337,12 @@ export function attentionDecodeDispatches(
   if (!(layer >= 0 && layer < nLayers && maxBlocks >= 1)) {
     throw new Error(`internal error: decode attention layer ${layer} of ${nLayers}`);
   }
-  const splits = splitCount(opts);
-  const few = splits * nKvHeads * seqs < TARGET_WORKGROUPS;
+  const { splits, rowGroups } = decodePlan(opts);
   const geo = attentionDecodeGeometry(gpu, {
     headDim: D,
     group,
     maxBytes: opts.maxTileBytes,
-    minRowGroups: opts.minRowGroups ?? (few ? 2 : 1),
+    minRowGroups: rowGroups,
   });
   const bytes = attentionDecodeScratchBytes(opts);
   if (bytes > gpu.maxBinding) {

@@ -11,6 +11,7 @@ import {
   attentionDecodeDispatches,
   attentionDecodeGeometry,
   attentionDecodeScratchBytes,
+  decodePlan,
 } from "../kernels/attention_decode.ts";
 import { type Dispatch, run } from "../kernels/dispatch.ts";
 import {
@@ -276,8 +277,10 @@ interface DecodeCase {
    */
   done?: number[];
   maxContext: number;
-  /** Forces the split count (`1 << 30`: a single pass); default: the heuristic. */
+  /** Forces the split count (`1 << 30`: a single pass); default: the plan's. */
   splitSize?: number;
+  /** Workgroups per kv head at least; default: the plan's. */
+  minRowGroups?: number;
   ownScratch?: boolean;
   maxTileBytes?: number;
   /** Llama 3.1's rope scaling (theta 500000, factor 8) instead of plain theta 10000. */
@@ -408,6 +411,10 @@ for (
     },
     { ...TINY_HEADS, seqLens: [640, 1, 0, 77, 300], done: [4], maxContext: 640, kvDtype: "f16" },
     { ...THREE_SPLITS, kvDtype: "f16" },
+    // Plans of small and middling batches: 2 q heads per workgroup over 10 splits (batch 1 at
+    // 640 keys), two row groups in one pass (48 slots at 640).
+    { ...TINY_HEADS, seqLens: RAGGED, done: [3], maxContext: 640, splitSize: 64, minRowGroups: 4 },
+    { ...TINY_HEADS, seqLens: RAGGED, maxContext: 640, splitSize: SINGLE, minRowGroups: 2 },
   ] as DecodeCase[]
 ) {
   const { nHeads, nKvHeads, headDim: D, seqLens } = c;
@@ -417,7 +424,8 @@ for (
     : c.splitSize
     ? ` split ${c.splitSize}`
     : "";
-  const extra = split + (c.maxTileBytes ? ` tile <= ${c.maxTileBytes} B` : "") +
+  const extra = split + (c.minRowGroups ? ` row groups >= ${c.minRowGroups}` : "") +
+    (c.maxTileBytes ? ` tile <= ${c.maxTileBytes} B` : "") +
     (c.done ? ` done ${c.done}` : "") + (c.llama3 ? " llama3" : "") +
     (c.kvDtype ? ` kv ${c.kvDtype}` : "");
   const name = `attention decode ${nHeads}/${nKvHeads}x${D} lens ${seqLens} ctx ${c.maxContext}`;
@@ -456,6 +464,7 @@ for (
       maxBlocks,
       maxContext: c.maxContext,
       splitSize: c.splitSize,
+      minRowGroups: c.minRowGroups,
       maxTileBytes: c.maxTileBytes,
       kvDtype,
     };
@@ -554,7 +563,7 @@ for (const kvDtype of ["f32", "f16"] as KvDtype[]) {
   });
 }
 
-Deno.test("attention decode: one pass when the batch fills the GPU or the context is short", async () => {
+Deno.test("attention decode: the launch plan on the shapes it was fitted on", async () => {
   const gpu = await testGpu();
   const b = createStorage(gpu, 16);
   const buffers = {
@@ -592,6 +601,14 @@ Deno.test("attention decode: one pass when the batch fills the GPU or the contex
   assert.equal(plan(1, 8192), "64 splits + combine");
   assert.equal(plan(8, 2048), "8 splits + combine");
   assert.equal(plan(16, 640), "4 splits + combine");
+  // Where the wave count decides (H200 sweep, BENCHMARKS.md): 20 slots at 640 keys in 3 splits
+  // (240 workgroups of 8 rows, one wave), 24 in 2 splits of two row groups (384 of 4 rows, one
+  // wave), 28 in 2 (224), 48 in one pass of two row groups, 24 at 2048 keys in 8 splits.
+  assert.equal(plan(20, 640), "3 splits + combine");
+  assert.equal(plan(24, 640), "2 splits + combine");
+  assert.equal(plan(28, 640), "2 splits + combine");
+  assert.equal(plan(48, 640), "single pass");
+  assert.equal(plan(24, 2048), "8 splits + combine");
   assert.equal(plan(1, 2048, { splitSize: 1 << 30 }), "single pass");
   assert.equal(
     plan(1, 2048, { headDim: 256, nHeads: 8, nKvHeads: 4, splitSize: 16 }),
@@ -599,15 +616,29 @@ Deno.test("attention decode: one pass when the batch fills the GPU or the contex
   );
   assert.throws(() => plan(1, 64, { headDim: 66 }), /head dim/);
   assert.throws(() => plan(1, 64, { splitSize: 0 }), /splitSize/);
-  // Workgroups per kv head: at least two while the launch has fewer than 256 workgroups
-  // (batch 1 at 2048: 32 splits x 4 kv heads; batch 4 at 640: 10 x 16), as many rows as fit
-  // from 256 on (batch 32: 2 splits x 128; batch 8 at 640: 8 x 32).
+  // Workgroups per kv head, as the plan asks and the memory budget allows (on GL the budget
+  // alone may ask more).
   const rowGroups = (seqs: number, maxContext: number, extra = {}) =>
     attentionDecodeDispatches(gpu, buffers, shapeOf(seqs, maxContext, extra))[0].workgroups[1] / 4;
   assert.ok(rowGroups(1, 2048) >= 2 && rowGroups(4, 640) >= 2);
-  assert.equal(rowGroups(1, 2048), rowGroups(1, 2048, { minRowGroups: 2 }));
-  assert.equal(rowGroups(32, 2048), rowGroups(32, 2048, { minRowGroups: 1 }));
-  assert.equal(rowGroups(8, 640), rowGroups(8, 640, { minRowGroups: 1 }));
+  for (
+    const [seqs, maxContext, asked] of [[1, 640, 4], [1, 2048, 2], [24, 640, 2], [48, 640, 2], [
+      32,
+      2048,
+      1,
+    ], [28, 640, 1]]
+  ) {
+    assert.equal(
+      rowGroups(seqs, maxContext),
+      rowGroups(seqs, maxContext, { minRowGroups: asked }),
+      `${seqs} slots at ${maxContext}`,
+    );
+    assert.deepEqual(
+      decodePlan(shapeOf(seqs, maxContext)).rowGroups,
+      asked,
+      `${seqs} slots at ${maxContext}`,
+    );
+  }
 });
 
 Deno.test("attention decode geometry: rows per workgroup, and the least row groups asked", () => {

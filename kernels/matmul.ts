@@ -9,14 +9,15 @@
  *   of W is applied to rm rows of x from registers and each load of x to 4 rows of W. Many
  *   small tiles, K split over the threads of a workgroup and reduced in workgroup memory;
  *   launch shape from {@linkcode smallTuning}.
- * - `rows` (kernels/matmul_rows.wgsl): decode batches of 12–32 rows against 16-bit W at least
- *   4 times wider than deep (gate/up, the LM head). A thread holds all rows of an 8-, 16- or
+ * - `rows` (kernels/matmul_rows.wgsl): decode batches of 12–64 rows against 16-bit W at least
+ *   4 times wider than deep (gate/up, the LM head), and of 33–48 rows against 16-bit W wider than
+ *   deep (QKV). A thread holds all rows of an 8-, 16- or
  *   32-row tile for 4 columns: each 16-byte load of W (from global memory, never staged) is
  *   widened once and applied to every row, whose x comes from workgroup memory as a broadcast.
  *   Always two dispatches (K splits, then the `tiled` kernel's `reduce`); launch shape from
  *   {@linkcode rowsTuning}.
- * - `tiled` (kernels/matmul.wgsl): prefill, M > 32, QKV (wider than deep) from 22 rows
- *   (`WIDE_TILED_M`), o and down from 17 (`DEEP_TILED_M`). Classic SGEMM register
+ * - `tiled` (kernels/matmul.wgsl): prefill, M > 32 where `rows` does not serve, QKV (wider than
+ *   deep) from 22 rows (`WIDE_TILED_M`), o and down from 17 (`DEEP_TILED_M`). Classic SGEMM register
  *   blocking: a workgroup owns a bm × bn tile of y (up to 128 × 128), a thread a tm × tn block
  *   of it (up to 8 × 8: 64 multiply-adds per 4 vec4 reads of workgroup memory), K in steps of
  *   bk staged through workgroup memory with the next step's 16-byte global loads in flight in
@@ -295,10 +296,26 @@ const DEEP_TILED_M = 17;
  * 16 → up to 32: batch 20 3 596–3 598 → 3 982, 24 4 582–4 583 → 4 525–4 533 (the one loss), 28
  * 5 393–5 400 → 5 480–5 485, 32 6 366–6 374 → 6 474–6 484.
  * QKV, o and down (1.25 and fewer times wider than deep, or deeper) were as fast or faster in
- * `small` and `tiled`.
+ * `small` and `tiled` up to 32 rows. From 33 to 64 rows (the tunings at {@linkcode rowsTuning}),
+ * against `tiled` in two row tiles, 2026-12-01: gate/up 89.3 / 89.3 / 114 / 115 µs at M = 40 /
+ * 48 / 56 / 64 (`tiled` 130–134), the LM head 230 / 233 / 290 / 292 (322–325). With QKV's rule
+ * below, the bench (two alternations, tok/s, up to 32 rows → up to 64): batch 40 5 456–5 467 →
+ * 6 445–6 458, 48 6 509–6 517 → 7 720–7 738, 56 7 419–7 427 → 7 873–7 880, 64 8 390–8 401 → 8
+ * 887–8 893; batches 1, 8 and 32 unchanged (BENCHMARKS.md).
  */
 const ROWS_MIN_M = 12;
-const ROWS_MAX_M = 32;
+const ROWS_MAX_M = 64;
+/**
+ * Rows of x for which products wider than deep but under {@linkcode ROWS_WIDE} times (QKV) go to
+ * `rows` too, in 16-row tiles split 4 ways: at M = 40 / 48 29.2 / 29.7 µs against `tiled`'s 38.9
+ * / 39.2; at 56 and 64 38.0 / 38.2 against 39.3 / 39.8, and at 32 28.6 against 27.6, so only
+ * three 16-row tiles (H200, TinyLlama f16, same sweep). o and down, 1.0 and 0.36 times as wide,
+ * measured 27.4–28.1 and 61.4–61.9 there against `tiled`'s 29.1–29.7 and 62.5–62.8: not taken.
+ * Nor was `tiled` in one 64 × 128 tile of 8 × 8 for them (8 splits: o 27.4–27.6, down 56.1–56.3
+ * per call at 40–64 rows): in the bench it read −0.7 % at batches 40 and 48, +0.7 % at 56 and 64.
+ */
+const ROWS_NARROW_MIN_M = 33;
+const ROWS_NARROW_MAX_M = 48;
 /** How much wider than deep (rows of W per column) a product must be for `rows`. */
 const ROWS_WIDE = 4;
 
@@ -333,6 +350,11 @@ const ROWS_CPU: RowsTuning = { kl: 4, cg: 4, r: 8, splits: 1 };
  * - M ≤ 32: gate/up in tiles of 16 rows, 4 × 16, 2 splits: 67.9 (4 splits 71.1, 32-row tiles
  *   77.3, 8-row tiles 79.3–88.7); the LM head (over 8 times wider than deep) in tiles of 32 rows,
  *   4 × 32, 2 splits: 162 (16-row tiles 185–186).
+ * - M ≤ 48, three 16-row tiles, 4 × 16 (× 32 for the LM head): gate/up unsplit 89.3 at M = 48
+ *   (2 splits 91.1, 4 92.8, 32-row tiles 113–140), the LM head unsplit 233 (32-row tiles 289–299);
+ *   QKV (only here, see `ROWS_NARROW_MIN_M`) 4 splits 29.7 (2: 34.4, 1: 58.8).
+ * - M ≤ 64: 32-row tiles, 4 × 32: gate/up 2 splits 114 at M = 56 (unsplit 141, 16-row tiles
+ *   123–127), the LM head unsplit 290 (2 splits 302, 16-row tiles 299–318).
  *
  * 16 lanes were slower everywhere (a probe of the kernel without the fusions, not kept).
  */
@@ -340,16 +362,23 @@ export function rowsTuning(gpu: Gpu, opts: { m: number; cols: number; k: number 
   if (isCpuAdapter(gpu)) return ROWS_CPU;
   if (opts.m <= 8) return { kl: 8, cg: 8, r: 8, splits: 2 };
   if (opts.m <= 16) return { kl: 4, cg: 16, r: 16, splits: 4 };
-  if (opts.cols > 8 * opts.k) return { kl: 4, cg: 32, r: 32, splits: 2 };
-  return { kl: 4, cg: 16, r: 16, splits: 2 };
+  const head = opts.cols > 8 * opts.k;
+  if (opts.m <= 32) {
+    return head ? { kl: 4, cg: 32, r: 32, splits: 2 } : { kl: 4, cg: 16, r: 16, splits: 2 };
+  }
+  if (opts.m <= 48) {
+    if (head) return { kl: 4, cg: 32, r: 16, splits: 1 };
+    return { kl: 4, cg: 16, r: 16, splits: opts.cols < ROWS_WIDE * opts.k ? 4 : 1 };
+  }
+  return { kl: 4, cg: 32, r: 32, splits: head ? 1 : 2 };
 }
 
 /** The kernel {@linkcode matmulDispatches} picks for `m` rows of x times `w`. */
 export function matmulPath(m: number, w: WeightBuffer): MatmulPath {
-  if (
-    m >= ROWS_MIN_M && m <= ROWS_MAX_M && w.dtype !== "f32" && w.cols % 8 === 0 &&
-    w.rows >= ROWS_WIDE * w.cols
-  ) return "rows";
+  if (w.dtype !== "f32" && w.cols % 8 === 0) {
+    if (m >= ROWS_MIN_M && m <= ROWS_MAX_M && w.rows >= ROWS_WIDE * w.cols) return "rows";
+    if (m >= ROWS_NARROW_MIN_M && m <= ROWS_NARROW_MAX_M && w.rows > w.cols) return "rows";
+  }
   if (m >= (w.rows > w.cols ? WIDE_TILED_M : DEEP_TILED_M)) return "tiled";
   return w.cols % unitWidth(w.dtype) === 0 ? "small" : "naive";
 }

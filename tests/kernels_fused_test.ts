@@ -164,7 +164,18 @@ const NORM_CASES: FusedCase[] = [
     small: { rm: 2, tm: 4, tn: 2, tk: 4 }, // row groups past M
   },
   // naive: K odd
-  // rows: 12 to 32 rows of x times a 16-bit W at least 4x wider than deep
+  // rows: 12 to 64 rows of x times a 16-bit W at least 4x wider than deep, 33 to 48 times one
+  // wider than deep (QKV)
+  { m: 40, n: 200, k: 64, dtype: "f16", path: "rows", norm: true, bias: true },
+  {
+    m: 47,
+    n: 150,
+    k: 72,
+    dtype: "bf16",
+    path: "rows",
+    norm: true,
+    rows: { r: 16, kl: 4, cg: 16, splits: 4 },
+  },
   { m: 12, n: 300, k: 64, dtype: "f16", path: "rows", norm: true, bias: true },
   { m: 19, n: 600, k: 136, dtype: "bf16", path: "rows", norm: true, accumulate: true },
   {
@@ -224,6 +235,16 @@ const SWIGLU_CASES: FusedCase[] = [
   },
   // rows (gate/up rows = 2F >= 4K)
   { m: 12, n: 150, k: 64, dtype: "f16", path: "rows", swiglu: true, norm: true },
+  {
+    m: 50,
+    n: 160,
+    k: 64,
+    dtype: "f16",
+    path: "rows",
+    swiglu: true,
+    norm: true,
+    rows: { r: 32, kl: 4, cg: 32, splits: 2 },
+  },
   {
     m: 32,
     n: 133,

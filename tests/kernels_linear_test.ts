@@ -186,18 +186,26 @@ const MATMUL_CASES: MatmulCase[] = [
   { m: 22, n: 200, k: 64, dtype: "f16", path: "tiled", bias: true },
   { m: 21, n: 200, k: 64, dtype: "f16", path: "small" },
   { m: 17, n: 101, k: 64, dtype: "bf16", path: "small", bias: true, accumulate: true },
-  // at least 4x wider than deep (gate/up, the LM head), 16-bit W: rows from 12 to 32 rows of x
+  // at least 4x wider than deep (gate/up, the LM head), 16-bit W: rows from 12 to 64 rows of x
   { m: 11, n: 300, k: 64, dtype: "f16", path: "small" },
   { m: 12, n: 300, k: 64, dtype: "f16", path: "rows", bias: true },
   { m: 13, n: 301, k: 72, dtype: "bf16", path: "rows", accumulate: true }, // partial groups
   { m: 32, n: 600, k: 136, dtype: "f16", path: "rows" }, // a partial last stage of K
-  { m: 33, n: 600, k: 64, dtype: "f16", path: "tiled" },
+  { m: 64, n: 600, k: 64, dtype: "f16", path: "rows", bias: true },
+  { m: 65, n: 600, k: 64, dtype: "f16", path: "tiled" },
   { m: 32, n: 600, k: 64, dtype: "f32", path: "tiled" },
+  // wider than deep but under 4x (QKV): rows from 33 to 48 rows of x
+  { m: 33, n: 200, k: 64, dtype: "f16", path: "rows", bias: true },
+  { m: 48, n: 200, k: 72, dtype: "bf16", path: "rows", accumulate: true },
+  { m: 49, n: 200, k: 64, dtype: "f16", path: "tiled" },
+  { m: 40, n: 64, k: 64, dtype: "f16", path: "tiled" },
   // rows, launch shapes other than the default: several row tiles and K splits (the last
   // shorter), 8 lanes, the GPU's shapes
   { m: 20, n: 900, k: 200, dtype: "f16", path: "rows", rows: { r: 8, kl: 4, cg: 4, splits: 3 } },
   { m: 14, n: 520, k: 128, dtype: "bf16", path: "rows", rows: { r: 16, kl: 8, cg: 8, splits: 2 } },
   { m: 31, n: 300, k: 64, dtype: "f16", path: "rows", rows: { r: 32, kl: 4, cg: 16, splits: 1 } },
+  { m: 45, n: 600, k: 136, dtype: "f16", path: "rows", rows: { r: 16, kl: 4, cg: 16, splits: 4 } },
+  { m: 61, n: 900, k: 200, dtype: "bf16", path: "rows", rows: { r: 32, kl: 4, cg: 32, splits: 2 } },
   // small, launch shapes other than the default: a partial last row tile of several row
   // groups; more K lanes than units (idle lanes); one row per thread over several row tiles
   { m: 21, n: 301, k: 256, dtype: "f16", path: "small", small: { rm: 4, tm: 4, tn: 2, tk: 8 } },
@@ -259,12 +267,22 @@ Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefil
   assert.equal(matmulPath(17, weight(2048, 5632)), "tiled");
   assert.equal(matmulPath(16, weight(2048, 2048)), "small");
   assert.equal(matmulPath(17, weight(2048, 2048)), "tiled");
-  // gate/up (5.5x wider) and the LM head (15.6x): rows from 12 to 32 rows of x, 16-bit W only
+  // gate/up (5.5x wider) and the LM head (15.6x): rows from 12 to 64 rows of x, 16-bit W only
   assert.equal(matmulPath(11, weight(11264, 2048)), "small");
   assert.equal(matmulPath(12, weight(11264, 2048)), "rows");
   assert.equal(matmulPath(32, weight(32000, 2048)), "rows");
-  assert.equal(matmulPath(33, weight(11264, 2048)), "tiled");
+  assert.equal(matmulPath(33, weight(11264, 2048)), "rows");
+  assert.equal(matmulPath(64, weight(32000, 2048)), "rows");
+  assert.equal(matmulPath(65, weight(11264, 2048)), "tiled");
   assert.equal(matmulPath(16, { ...weight(11264, 2048), dtype: "f32" }), "small");
+  // QKV: rows from 33 to 48 rows of x (three 16-row tiles); o and down stay in tiled
+  assert.equal(matmulPath(32, weight(2560, 2048)), "tiled");
+  assert.equal(matmulPath(33, weight(2560, 2048)), "rows");
+  assert.equal(matmulPath(48, weight(2560, 2048)), "rows");
+  assert.equal(matmulPath(49, weight(2560, 2048)), "tiled");
+  assert.equal(matmulPath(40, weight(2048, 2048)), "tiled");
+  assert.equal(matmulPath(40, weight(2048, 5632)), "tiled");
+  assert.equal(matmulPath(40, { ...weight(2560, 2048), dtype: "f32" }), "tiled");
   assert.deepEqual(rowsTuning(h200, { m: 8, cols: 11264, k: 2048 }), {
     kl: 8,
     cg: 8,
@@ -273,6 +291,12 @@ Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefil
   });
   assert.equal(rowsTuning(h200, { m: 32, cols: 11264, k: 2048 }).r, 16);
   assert.equal(rowsTuning(h200, { m: 32, cols: 32000, k: 2048 }).r, 32);
+  const shape = (t: { r: number; splits: number }) => `${t.r}/${t.splits}`;
+  assert.equal(shape(rowsTuning(h200, { m: 48, cols: 11264, k: 2048 })), "16/1");
+  assert.equal(shape(rowsTuning(h200, { m: 48, cols: 32000, k: 2048 })), "16/1");
+  assert.equal(shape(rowsTuning(h200, { m: 40, cols: 2560, k: 2048 })), "16/4");
+  assert.equal(shape(rowsTuning(h200, { m: 56, cols: 11264, k: 2048 })), "32/2");
+  assert.equal(shape(rowsTuning(h200, { m: 64, cols: 32000, k: 2048 })), "32/1");
   const splits = (m: number, cols: number, k: number, norm = false, swiglu = false) =>
     tiledTuning(h200, { m, cols, k, norm, swiglu }).splits;
   // 40 tiles of 32 x 64 for QKV at M = 32: 8 splits of 16 steps; gate/up's 176 tiles: 2; QKV's

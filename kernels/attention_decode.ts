@@ -130,6 +130,14 @@ export interface AttentionDecodeOptions extends AttentionDecodeScratchOptions {
   kvDtype?: KvDtype;
 }
 
+/**
+ * Row groups a launch starts from when `asked` are wanted: enough that no workgroup holds more
+ * than `RMAX` q heads, never more than the `group` q heads of a kv head.
+ */
+function leastRowGroups(group: number, asked: number): number {
+  return Math.max(Math.ceil(group / RMAX), Math.min(asked, group));
+}
+
 /** The launch of {@linkcode attentionDecodeDispatches}: splits along the KV length, row groups. */
 export interface DecodePlan {
   /** 1 = single pass, no `combine`. */
@@ -177,7 +185,7 @@ export function decodePlan(opts: AttentionDecodeScratchOptions): DecodePlan {
   let best: DecodePlan & { cost: number; workgroups: number } | undefined;
   for (const splits of splitChoices) {
     for (const asked of groupChoices) {
-      const groups = Math.max(Math.ceil(group / RMAX), Math.min(asked, group));
+      const groups = leastRowGroups(group, asked);
       const rows = Math.ceil(group / groups);
       const workgroups = splits * groups * opts.nKvHeads * opts.seqs;
       const waves = Math.ceil(workgroups / (SMS * RESIDENT(rows)));
@@ -258,7 +266,7 @@ export function attentionDecodeGeometry(
   for (const wg of THREADS) {
     const keys = wg / TPK, kg = Math.floor(wg / d4);
     if (kg < 1 || Math.ceil(keys / kg) > VMAX) continue;
-    const first = Math.max(Math.ceil(group / RMAX), Math.min(opts.minRowGroups ?? 1, group));
+    const first = leastRowGroups(group, opts.minRowGroups ?? 1);
     for (let rowGroups = first; rowGroups <= group; rowGroups++) {
       const rows = Math.ceil(group / rowGroups);
       for (let rpr = Math.min(rows, 2); rpr >= 1; rpr--) {

@@ -621,21 +621,23 @@ Deno.test("attention decode: the launch plan on the shapes it was fitted on", as
   const rowGroups = (seqs: number, maxContext: number, extra = {}) =>
     attentionDecodeDispatches(gpu, buffers, shapeOf(seqs, maxContext, extra))[0].workgroups[1] / 4;
   assert.ok(rowGroups(1, 2048) >= 2 && rowGroups(4, 640) >= 2);
-  for (
-    const [seqs, maxContext, asked] of [[1, 640, 4], [1, 2048, 2], [24, 640, 2], [48, 640, 2], [
-      32,
-      2048,
-      1,
-    ], [28, 640, 1]]
-  ) {
+  const asked: [number, number, number][] = [
+    [1, 640, 4],
+    [1, 2048, 2],
+    [24, 640, 2],
+    [48, 640, 2],
+    [32, 2048, 1],
+    [28, 640, 1],
+  ];
+  for (const [seqs, maxContext, groups] of asked) {
     assert.equal(
       rowGroups(seqs, maxContext),
-      rowGroups(seqs, maxContext, { minRowGroups: asked }),
+      rowGroups(seqs, maxContext, { minRowGroups: groups }),
       `${seqs} slots at ${maxContext}`,
     );
-    assert.deepEqual(
+    assert.equal(
       decodePlan(shapeOf(seqs, maxContext)).rowGroups,
-      asked,
+      groups,
       `${seqs} slots at ${maxContext}`,
     );
   }

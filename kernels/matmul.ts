@@ -329,7 +329,7 @@ export interface RowsTuning {
   kl: number;
   /** Column groups (4 product columns each) per workgroup: at least `r / 2`. */
   cg: number;
-  /** Rows of x per tile: 8, 16 or 32. */
+  /** Rows of x per tile: 8, 16, 24 or 32. */
   r: number;
   /** K splits (≥ 1). */
   splits: number;
@@ -347,10 +347,15 @@ const ROWS_CPU: RowsTuning = { kl: 4, cg: 4, r: 8, splits: 1 };
  *   gate/up 29.7, LM head 73.2 (16-row tiles: 38.7 and 98.3).
  * - M ≤ 16: 16 rows, 4 lanes × 16 column groups, 4 splits: gate/up 39.8, LM head 105 (8-row
  *   tiles: 48.3–51.7 and 119–129; 32-row tiles 74.4 and 185).
+ * - M ≤ 24: one tile of 24 rows, gate/up 4 × 16 in 4 splits: 53.4–54.7 µs at M = 17–24 (2 splits
+ *   60.7–61.3, 1 split 69.6–70.3; two 16-row tiles before: 66.9–67.2); the LM head 4 × 32
+ *   unsplit: 122.6–124.1 (2 splits 126.4–129.0; a 32-row tile before: 155.6–158.9).
  * - M ≤ 32: gate/up in tiles of 16 rows, 4 × 16, 2 splits: 67.9 (4 splits 71.1, 32-row tiles
  *   77.3, 8-row tiles 79.3–88.7); the LM head (over 8 times wider than deep) in tiles of 32 rows,
  *   4 × 32, 2 splits: 162 (16-row tiles 185–186).
  * - M ≤ 48, three 16-row tiles, 4 × 16 (× 32 for the LM head): gate/up unsplit 89.3 at M = 48
+ *   (two 24-row tiles 90.7–91.4 at M = 36–48; in the bench, with QKV and the LM head in them too,
+ *   batches 40 and 48 lost 6 %)
  *   (2 splits 91.1, 4 92.8, 32-row tiles 113–140), the LM head unsplit 233 (32-row tiles 289–299);
  *   QKV (only here, see `ROWS_NARROW_MIN_M`) 4 splits 29.7 (2: 34.4, 1: 58.8).
  * - M ≤ 64: 32-row tiles, 4 × 32: gate/up 2 splits 114 at M = 56 (unsplit 141, 16-row tiles
@@ -363,6 +368,9 @@ export function rowsTuning(gpu: Gpu, opts: { m: number; cols: number; k: number 
   if (opts.m <= 8) return { kl: 8, cg: 8, r: 8, splits: 2 };
   if (opts.m <= 16) return { kl: 4, cg: 16, r: 16, splits: 4 };
   const head = opts.cols > 8 * opts.k;
+  if (opts.m <= 24) {
+    return head ? { kl: 4, cg: 32, r: 24, splits: 1 } : { kl: 4, cg: 16, r: 24, splits: 4 };
+  }
   if (opts.m <= 32) {
     return head ? { kl: 4, cg: 32, r: 32, splits: 2 } : { kl: 4, cg: 16, r: 16, splits: 2 };
   }
@@ -986,7 +994,9 @@ function checkTiled(gpu: Gpu, label: string, t: TiledTuning, dtype: DType): void
 
 function checkRows(gpu: Gpu, label: string, t: RowsTuning): void {
   if (![4, 8].includes(t.kl)) fail(label, `rows kl must be 4 or 8; got ${t.kl}`);
-  if (![8, 16, 32].includes(t.r)) fail(label, `rows r must be 8, 16 or 32; got ${t.r}`);
+  if (![8, 16, 24, 32].includes(t.r)) {
+    fail(label, `rows r must be 8, 16, 24 or 32; got ${t.r}`);
+  }
   // A stage's x tile (r rows x 8 kl k) is staged by the kl cg threads, at most 4 vec4 each.
   if (!(isPow2(t.cg) && t.cg >= t.r / 2)) {
     fail(label, `rows cg must be a power of two >= r / 2; got ${t.cg}`);

@@ -29,7 +29,7 @@
 
 override KL: u32 = 4u; // threads along K per column group, each one 8-wide unit per stage: 4 or 8
 override CG: u32 = 16u; // column groups of 4 product columns per workgroup, >= R / 2
-override R: u32 = 16u; // rows of x per tile: 8, 16 or 32
+override R: u32 = 16u; // rows of x per tile: 8, 16, 24 or 32
 
 override XS: u32 = R / 4u + 1u; // vec4 per staged k-row (R / 4, padded by one)
 override LS: u32 = 8u * XS + 1u; // vec4 per lane block of 8 k-rows (padded by one)
@@ -212,8 +212,10 @@ fn kstep(a: Acc, xa: u32, wv: vec4<f32>) -> Acc {
   }
   r.q0 = fma8(r.q0, xs[xa], xs[xa + 1u], wv);
   r.q1 = fma8(r.q1, xs[xa + 2u], xs[xa + 3u], wv);
-  if (R == 32u) {
+  if (R >= 24u) {
     r.q2 = fma8(r.q2, xs[xa + 4u], xs[xa + 5u], wv);
+  }
+  if (R == 32u) {
     r.q3 = fma8(r.q3, xs[xa + 6u], xs[xa + 7u], wv);
   }
   return r;
@@ -352,9 +354,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     round(lid, lane, cg, m0, n0, split, 2u, acc.q1.a, acc.q1.b, acc.q1.c, acc.q1.d);
     round(lid, lane, cg, m0, n0, split, 3u, acc.q1.e, acc.q1.f, acc.q1.g, acc.q1.h);
   }
-  if (R == 32u) {
+  if (R >= 24u) {
     round(lid, lane, cg, m0, n0, split, 4u, acc.q2.a, acc.q2.b, acc.q2.c, acc.q2.d);
     round(lid, lane, cg, m0, n0, split, 5u, acc.q2.e, acc.q2.f, acc.q2.g, acc.q2.h);
+  }
+  if (R == 32u) {
     round(lid, lane, cg, m0, n0, split, 6u, acc.q3.a, acc.q3.b, acc.q3.c, acc.q3.d);
     round(lid, lane, cg, m0, n0, split, 7u, acc.q3.e, acc.q3.f, acc.q3.g, acc.q3.h);
   }

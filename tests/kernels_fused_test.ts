@@ -236,6 +236,16 @@ const SWIGLU_CASES: FusedCase[] = [
   // rows (gate/up rows = 2F >= 4K)
   { m: 12, n: 150, k: 64, dtype: "f16", path: "rows", swiglu: true, norm: true },
   {
+    m: 21,
+    n: 150,
+    k: 72,
+    dtype: "f16",
+    path: "rows",
+    swiglu: true,
+    norm: true,
+    rows: { r: 24, kl: 4, cg: 16, splits: 2 },
+  },
+  {
     m: 50,
     n: 160,
     k: 64,

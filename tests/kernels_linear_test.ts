@@ -206,6 +206,9 @@ const MATMUL_CASES: MatmulCase[] = [
   { m: 31, n: 300, k: 64, dtype: "f16", path: "rows", rows: { r: 32, kl: 4, cg: 16, splits: 1 } },
   { m: 45, n: 600, k: 136, dtype: "f16", path: "rows", rows: { r: 16, kl: 4, cg: 16, splits: 4 } },
   { m: 61, n: 900, k: 200, dtype: "bf16", path: "rows", rows: { r: 32, kl: 4, cg: 32, splits: 2 } },
+  // 24-row tiles: one partial tile, and two tiles with 8 lanes (K 200: the second split shorter)
+  { m: 23, n: 600, k: 136, dtype: "f16", path: "rows", rows: { r: 24, kl: 4, cg: 16, splits: 2 } },
+  { m: 41, n: 300, k: 200, dtype: "bf16", path: "rows", rows: { r: 24, kl: 8, cg: 16, splits: 2 } },
   // small, launch shapes other than the default: a partial last row tile of several row
   // groups; more K lanes than units (idle lanes); one row per thread over several row tiles
   { m: 21, n: 301, k: 256, dtype: "f16", path: "small", small: { rm: 4, tm: 4, tn: 2, tk: 8 } },
@@ -289,9 +292,13 @@ Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefil
     r: 8,
     splits: 2,
   });
+  const shape = (t: { r: number; splits: number }) => `${t.r}/${t.splits}`;
+  // 17 to 24 rows: one 24-row tile (gate/up in 4 K splits, the LM head unsplit)
+  assert.equal(shape(rowsTuning(h200, { m: 17, cols: 11264, k: 2048 })), "24/4");
+  assert.equal(shape(rowsTuning(h200, { m: 24, cols: 32000, k: 2048 })), "24/1");
+  assert.equal(shape(rowsTuning(h200, { m: 25, cols: 11264, k: 2048 })), "16/2");
   assert.equal(rowsTuning(h200, { m: 32, cols: 11264, k: 2048 }).r, 16);
   assert.equal(rowsTuning(h200, { m: 32, cols: 32000, k: 2048 }).r, 32);
-  const shape = (t: { r: number; splits: number }) => `${t.r}/${t.splits}`;
   assert.equal(shape(rowsTuning(h200, { m: 48, cols: 11264, k: 2048 })), "16/1");
   assert.equal(shape(rowsTuning(h200, { m: 48, cols: 32000, k: 2048 })), "16/1");
   assert.equal(shape(rowsTuning(h200, { m: 40, cols: 2560, k: 2048 })), "16/4");
@@ -628,7 +635,7 @@ Deno.test("matmul: refuses shapes it cannot serve, with the sizes in the message
   const badRows = (rows: Partial<RowsTuning>) => () =>
     matmulDispatches(gpu, { x: x64, w: w300, y: y300 }, { m: 8, path: "rows", rows });
   assert.throws(badRows({ kl: 2 }), /rows kl must be 4 or 8; got 2/);
-  assert.throws(badRows({ r: 12 }), /rows r must be 8, 16 or 32; got 12/);
+  assert.throws(badRows({ r: 12 }), /rows r must be 8, 16, 24 or 32; got 12/);
   assert.throws(badRows({ r: 32, cg: 8 }), /rows cg must be a power of two >= r \/ 2; got 8/);
   assert.throws(badRows({ splits: 0 }), /rows splits must be an integer >= 1; got 0/);
   const badTiled = (tiled: Partial<TiledTuning>) => () =>

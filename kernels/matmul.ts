@@ -10,14 +10,14 @@
  *   small tiles, K split over the threads of a workgroup and reduced in workgroup memory;
  *   launch shape from {@linkcode smallTuning}.
  * - `rows` (kernels/matmul_rows.wgsl): decode batches of 12–64 rows against 16-bit W at least
- *   4 times wider than deep (gate/up, the LM head), and of 33–48 rows against 16-bit W wider than
- *   deep (QKV). A thread holds all rows of an 8-, 16- or
- *   32-row tile for 4 columns: each 16-byte load of W (from global memory, never staged) is
- *   widened once and applied to every row, whose x comes from workgroup memory as a broadcast.
- *   Always two dispatches (K splits, then the `tiled` kernel's `reduce`); launch shape from
- *   {@linkcode rowsTuning}.
- * - `tiled` (kernels/matmul.wgsl): prefill, M > 32 where `rows` does not serve, QKV (wider than
- *   deep) from 22 rows (`WIDE_TILED_M`), o and down from 17 (`DEEP_TILED_M`). Classic SGEMM register
+ *   4 times wider than deep (gate/up, the LM head), and of 25–48 rows against any other 16-bit W
+ *   (QKV, o, down). A thread holds all rows of an 8-, 16-, 24- or 32-row tile for 4 columns:
+ *   each 16-byte load of W (from global memory, never staged) is widened once and applied to
+ *   every row, whose x comes from workgroup memory as a broadcast. Always two dispatches (K
+ *   splits, then the `tiled` kernel's `reduce`); launch shape from {@linkcode rowsTuning}.
+ * - `tiled` (kernels/matmul.wgsl): where `rows` does not serve over 48 rows (prefill chunks;
+ *   QKV, o and down at 49–64 rows), f32 W, and below `rows`' range: QKV (wider than deep) from
+ *   22 rows (`WIDE_TILED_M`), o and down from 17 (`DEEP_TILED_M`). Classic SGEMM register
  *   blocking: a workgroup owns a bm × bn tile of y (up to 128 × 128), a thread a tm × tn block
  *   of it (up to 8 × 8: 64 multiply-adds per 4 vec4 reads of workgroup memory), K in steps of
  *   bk staged through workgroup memory with the next step's 16-byte global loads in flight in
@@ -306,15 +306,21 @@ const DEEP_TILED_M = 17;
 const ROWS_MIN_M = 12;
 const ROWS_MAX_M = 64;
 /**
- * Rows of x for which products wider than deep but under {@linkcode ROWS_WIDE} times (QKV) go to
- * `rows` too, in 16-row tiles split 4 ways: at M = 40 / 48 29.2 / 29.7 µs against `tiled`'s 38.9
- * / 39.2; at 56 and 64 38.0 / 38.2 against 39.3 / 39.8, and at 32 28.6 against 27.6, so only
- * three 16-row tiles (H200, TinyLlama f16, same sweep). o and down, 1.0 and 0.36 times as wide,
- * measured 27.4–28.1 and 61.4–61.9 there against `tiled`'s 29.1–29.7 and 62.5–62.8: not taken.
- * Nor was `tiled` in one 64 × 128 tile of 8 × 8 for them (8 splits: o 27.4–27.6, down 56.1–56.3
- * per call at 40–64 rows): in the bench it read −0.7 % at batches 40 and 48, +0.7 % at 56 and 64.
+ * Rows of x for which the products under {@linkcode ROWS_WIDE} times wider than deep (QKV, o,
+ * down) go to `rows` too (tunings at {@linkcode rowsTuning}). QKV first, at 33–48 rows in 16-row
+ * tiles split 4 ways: at M = 40 / 48 29.2 / 29.7 µs against `tiled`'s 38.9 / 39.2 (at 56 and 64
+ * 38.0 / 38.2 against 39.3 / 39.8). o and down followed once `rows` split K 8 ways, 2026-12-01:
+ * at M = 40–48 o 24.1 and down 46.5 µs in two 24-row tiles against `tiled`'s 29.1–29.2 and
+ * 62.6–62.8; at M = 32 QKV 25.7, o 19.7, down 36.9 in two 16-row tiles against 27.5, 22.0, 38.5.
+ * The bench (two alternations, tok/s, `small` / `tiled` → `rows` for the three): batch 28 6 137
+ * → 6 167–6 178, 32 6 933 → 6 963–6 993, 40 6 405–6 406 → 6 835–6 861, 48 7 652–7 675 → 8 198–8
+ * 223. At 17–24 rows the sweep had `rows` ahead too (a 24-row tile: QKV 24.2–24.7 against
+ * 25.7–27.3, o 17.2–17.6 against 21.0, down 30.1–30.6 against 38.0–38.3), but the bench lost
+ * (batch 17 4 302 → 4 200–4 213, 20 4 980 → 4 900–4 907, 24 unchanged), so they start at 25.
+ * `tiled` in one 64 × 128 tile of 8 × 8 for o and down (8 splits: 27.4–27.6, 56.1–56.3 at 40–64
+ * rows) read −0.7 % at batches 40 and 48 in the bench, +0.7 % at 56 and 64: not kept.
  */
-const ROWS_NARROW_MIN_M = 33;
+const ROWS_NARROW_MIN_M = 25;
 const ROWS_NARROW_MAX_M = 48;
 /** How much wider than deep (rows of W per column) a product must be for `rows`. */
 const ROWS_WIDE = 4;
@@ -354,12 +360,17 @@ const ROWS_CPU: RowsTuning = { kl: 4, cg: 4, r: 8, splits: 1 };
  *   77.3, 8-row tiles 79.3–88.7); the LM head (over 8 times wider than deep) in tiles of 32 rows,
  *   4 × 32, 2 splits: 162 (16-row tiles 185–186).
  * - M ≤ 48, three 16-row tiles, 4 × 16 (× 32 for the LM head): gate/up unsplit 89.3 at M = 48
- *   (two 24-row tiles 90.7–91.4 at M = 36–48; in the bench, with QKV and the LM head in them too,
- *   batches 40 and 48 lost 6 %)
- *   (2 splits 91.1, 4 92.8, 32-row tiles 113–140), the LM head unsplit 233 (32-row tiles 289–299);
- *   QKV (only here, see `ROWS_NARROW_MIN_M`) 4 splits 29.7 (2: 34.4, 1: 58.8).
+ *   (2 splits 91.1, 4 92.8, 32-row tiles 113–140; two 24-row tiles 90.7–91.4 at M = 36–48, and in
+ *   the bench, with QKV and the LM head in them too, batches 40 and 48 lost 6 %), the LM head
+ *   unsplit 233 (32-row tiles 289–299); QKV 4 splits 29.7 (2: 34.4, 1: 58.8).
  * - M ≤ 64: 32-row tiles, 4 × 32: gate/up 2 splits 114 at M = 56 (unsplit 141, 16-row tiles
  *   123–127), the LM head unsplit 290 (2 splits 302, 16-row tiles 299–318).
+ * - QKV, o and down (under 4 times wider than deep; `rows` from 25 rows, see
+ *   `ROWS_NARROW_MIN_M`) in 8 K splits: two 16-row tiles at M ≤ 32 (QKV 25.7, o 19.7, down
+ *   36.9; one 32-row tile 31.3, 22.4, 41.7; one 24-row tile at M ≤ 24, only when forced: 24.2–24.7,
+ *   17.2–17.6, 30.1–30.6, where 16 splits took 27.7–29.0, 19.1–19.5, 30.4–31.1), and at M ≤ 48
+ *   QKV in three 16-row tiles split 4 (29.4–29.7; 8 splits 32.9–33.0), o and down in two 24-row
+ *   tiles (24.1, 46.5; three 16-row tiles 24.3–24.5, 48.8–49.0).
  *
  * 16 lanes were slower everywhere (a probe of the kernel without the fusions, not kept).
  */
@@ -368,16 +379,20 @@ export function rowsTuning(gpu: Gpu, opts: { m: number; cols: number; k: number 
   if (opts.m <= 8) return { kl: 8, cg: 8, r: 8, splits: 2 };
   if (opts.m <= 16) return { kl: 4, cg: 16, r: 16, splits: 4 };
   const head = opts.cols > 8 * opts.k;
+  if (opts.cols < ROWS_WIDE * opts.k) { // QKV, o, down
+    if (opts.m <= 24) return { kl: 4, cg: 16, r: 24, splits: 8 };
+    if (opts.m <= 32 || (opts.m <= 48 && opts.cols > opts.k)) {
+      return { kl: 4, cg: 16, r: 16, splits: opts.m <= 32 ? 8 : 4 };
+    }
+    if (opts.m <= 48) return { kl: 4, cg: 16, r: 24, splits: 8 };
+  }
   if (opts.m <= 24) {
     return head ? { kl: 4, cg: 32, r: 24, splits: 1 } : { kl: 4, cg: 16, r: 24, splits: 4 };
   }
   if (opts.m <= 32) {
     return head ? { kl: 4, cg: 32, r: 32, splits: 2 } : { kl: 4, cg: 16, r: 16, splits: 2 };
   }
-  if (opts.m <= 48) {
-    if (head) return { kl: 4, cg: 32, r: 16, splits: 1 };
-    return { kl: 4, cg: 16, r: 16, splits: opts.cols < ROWS_WIDE * opts.k ? 4 : 1 };
-  }
+  if (opts.m <= 48) return { kl: 4, cg: head ? 32 : 16, r: 16, splits: 1 };
   return { kl: 4, cg: 32, r: 32, splits: head ? 1 : 2 };
 }
 
@@ -385,7 +400,7 @@ export function rowsTuning(gpu: Gpu, opts: { m: number; cols: number; k: number 
 export function matmulPath(m: number, w: WeightBuffer): MatmulPath {
   if (w.dtype !== "f32" && w.cols % 8 === 0) {
     if (m >= ROWS_MIN_M && m <= ROWS_MAX_M && w.rows >= ROWS_WIDE * w.cols) return "rows";
-    if (m >= ROWS_NARROW_MIN_M && m <= ROWS_NARROW_MAX_M && w.rows > w.cols) return "rows";
+    if (m >= ROWS_NARROW_MIN_M && m <= ROWS_NARROW_MAX_M) return "rows";
   }
   if (m >= (w.rows > w.cols ? WIDE_TILED_M : DEEP_TILED_M)) return "tiled";
   return w.cols % unitWidth(w.dtype) === 0 ? "small" : "naive";

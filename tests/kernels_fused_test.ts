@@ -149,8 +149,9 @@ const NORM_CASES: FusedCase[] = [
   { m: 9, n: 37, k: 64, dtype: "f16", path: "small", norm: true },
   // the decode K: 256 threads share the sum of squares of each row
   { m: 16, n: 37, k: 2048, dtype: "f16", path: "small", norm: true, bias: true },
-  // from 17 rows, products no wider than deep go to tiled
-  { m: 31, n: 33, k: 64, dtype: "bf16", path: "tiled", norm: true, accumulate: true },
+  // from 17 rows, products no wider than deep go to tiled, from 25 to rows (16-bit W)
+  { m: 20, n: 33, k: 64, dtype: "bf16", path: "tiled", norm: true, accumulate: true },
+  { m: 31, n: 33, k: 64, dtype: "bf16", path: "rows", norm: true, accumulate: true },
   { m: 64, n: 37, k: 64, dtype: "f32", path: "tiled", norm: true },
   {
     m: 5,

@@ -174,11 +174,15 @@ const MATMUL_CASES: MatmulCase[] = [
   { m: 8, n: 33, k: 64, dtype: "f32", path: "small", bias: true },
   { m: 9, n: 37, k: 64, dtype: "f16", path: "small", accumulate: true },
   { m: 16, n: 37, k: 64, dtype: "bf16", path: "small" },
-  // 17 to 32 rows: tiled for products no wider than deep (o, down)
+  // 17 to 24 rows: tiled for products no wider than deep (o, down); from 25 to 48 rows rows,
+  // with f32 W tiled
   { m: 17, n: 37, k: 64, dtype: "bf16", path: "tiled" },
-  { m: 31, n: 37, k: 64, dtype: "f16", path: "tiled" },
-  { m: 32, n: 101, k: 256, dtype: "f16", path: "tiled", bias: true, accumulate: true },
-  // 33 to 64 rows: tiled, in its decode-batch tiles (32 rows) and K splits
+  { m: 24, n: 37, k: 64, dtype: "f16", path: "tiled" },
+  { m: 31, n: 37, k: 64, dtype: "f32", path: "tiled" },
+  { m: 25, n: 37, k: 64, dtype: "f16", path: "rows" },
+  { m: 32, n: 101, k: 256, dtype: "f16", path: "rows", bias: true, accumulate: true },
+  { m: 40, n: 64, k: 264, dtype: "bf16", path: "rows", accumulate: true },
+  // 49 to 64 rows: tiled, in its decode-batch tiles (32 rows) and K splits
   { m: 33, n: 37, k: 64, dtype: "f32", path: "tiled" },
   { m: 63, n: 37, k: 64, dtype: "f16", path: "tiled" },
   { m: 64, n: 33, k: 1032, dtype: "bf16", path: "tiled", bias: true },
@@ -194,11 +198,10 @@ const MATMUL_CASES: MatmulCase[] = [
   { m: 64, n: 600, k: 64, dtype: "f16", path: "rows", bias: true },
   { m: 65, n: 600, k: 64, dtype: "f16", path: "tiled" },
   { m: 32, n: 600, k: 64, dtype: "f32", path: "tiled" },
-  // wider than deep but under 4x (QKV): rows from 33 to 48 rows of x
+  // wider than deep but under 4x (QKV): rows from 25 to 48 rows of x
   { m: 33, n: 200, k: 64, dtype: "f16", path: "rows", bias: true },
   { m: 48, n: 200, k: 72, dtype: "bf16", path: "rows", accumulate: true },
   { m: 49, n: 200, k: 64, dtype: "f16", path: "tiled" },
-  { m: 40, n: 64, k: 64, dtype: "f16", path: "tiled" },
   // rows, launch shapes other than the default: several row tiles and K splits (the last
   // shorter), 8 lanes, the GPU's shapes
   { m: 20, n: 900, k: 200, dtype: "f16", path: "rows", rows: { r: 8, kl: 4, cg: 4, splits: 3 } },
@@ -263,7 +266,7 @@ Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefil
     cols,
   });
   // TinyLlama: QKV 2560 x 2048 and gate/up 11264 x 2048 are wider than deep; o and down not.
-  // From 22 rows the wider ones go to tiled, from 17 the others.
+  // From 22 rows the wider ones go to tiled, from 17 the others (until rows takes them).
   assert.equal(matmulPath(22, weight(2560, 2048)), "tiled");
   assert.equal(matmulPath(21, weight(2560, 2048)), "small");
   assert.equal(matmulPath(16, weight(2048, 5632)), "small");
@@ -278,13 +281,15 @@ Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefil
   assert.equal(matmulPath(64, weight(32000, 2048)), "rows");
   assert.equal(matmulPath(65, weight(11264, 2048)), "tiled");
   assert.equal(matmulPath(16, { ...weight(11264, 2048), dtype: "f32" }), "small");
-  // QKV: rows from 33 to 48 rows of x (three 16-row tiles); o and down stay in tiled
-  assert.equal(matmulPath(32, weight(2560, 2048)), "tiled");
-  assert.equal(matmulPath(33, weight(2560, 2048)), "rows");
+  // QKV, o and down: rows from 25 to 48 rows of x, 16-bit W only
+  assert.equal(matmulPath(24, weight(2560, 2048)), "tiled");
+  assert.equal(matmulPath(24, weight(2048, 5632)), "tiled");
+  assert.equal(matmulPath(25, weight(2560, 2048)), "rows");
+  assert.equal(matmulPath(25, weight(2048, 2048)), "rows");
   assert.equal(matmulPath(48, weight(2560, 2048)), "rows");
+  assert.equal(matmulPath(48, weight(2048, 5632)), "rows");
   assert.equal(matmulPath(49, weight(2560, 2048)), "tiled");
-  assert.equal(matmulPath(40, weight(2048, 2048)), "tiled");
-  assert.equal(matmulPath(40, weight(2048, 5632)), "tiled");
+  assert.equal(matmulPath(49, weight(2048, 2048)), "tiled");
   assert.equal(matmulPath(40, { ...weight(2560, 2048), dtype: "f32" }), "tiled");
   assert.deepEqual(rowsTuning(h200, { m: 8, cols: 11264, k: 2048 }), {
     kl: 8,
@@ -301,7 +306,13 @@ Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefil
   assert.equal(rowsTuning(h200, { m: 32, cols: 32000, k: 2048 }).r, 32);
   assert.equal(shape(rowsTuning(h200, { m: 48, cols: 11264, k: 2048 })), "16/1");
   assert.equal(shape(rowsTuning(h200, { m: 48, cols: 32000, k: 2048 })), "16/1");
+  // QKV, o, down: 8 K splits (two 16-row tiles up to 32 rows, two 24-row ones for o and down
+  // up to 48), QKV at 33-48 in three 16-row tiles split 4
+  assert.equal(shape(rowsTuning(h200, { m: 28, cols: 2560, k: 2048 })), "16/8");
+  assert.equal(shape(rowsTuning(h200, { m: 32, cols: 2048, k: 5632 })), "16/8");
   assert.equal(shape(rowsTuning(h200, { m: 40, cols: 2560, k: 2048 })), "16/4");
+  assert.equal(shape(rowsTuning(h200, { m: 40, cols: 2048, k: 2048 })), "24/8");
+  assert.equal(shape(rowsTuning(h200, { m: 48, cols: 2048, k: 5632 })), "24/8");
   assert.equal(shape(rowsTuning(h200, { m: 56, cols: 11264, k: 2048 })), "32/2");
   assert.equal(shape(rowsTuning(h200, { m: 64, cols: 32000, k: 2048 })), "32/1");
   const splits = (m: number, cols: number, k: number, norm = false, swiglu = false) =>

@@ -98,8 +98,11 @@ export interface AttentionDecodeBuffers {
 
 /** Options for {@linkcode attentionDecodeScratchBytes}. */
 export interface AttentionDecodeScratchOptions {
+  /** Batch slots of the launch (one new token each). */
   seqs: number;
+  /** q heads. */
   nHeads: number;
+  /** Elements per head, a multiple of 4 up to 256. */
   headDim: number;
   /** Longest context the engine serves; with `seqs`, fixes the split count. */
   maxContext: number;
@@ -119,8 +122,11 @@ export interface AttentionDecodeScratchOptions {
 
 /** Shape of {@linkcode attentionDecodeDispatches}. */
 export interface AttentionDecodeOptions extends AttentionDecodeScratchOptions {
+  /** The decoder layer whose rows of the pools are read and written. */
   layer: number;
+  /** Layers in the pools (a block holds every layer's rows). */
   nLayers: number;
+  /** Entries per slot in the block table. */
   maxBlocks: number;
   /** Softmax scale (default `1 / sqrt(headDim)`). */
   scale?: number;
@@ -218,8 +224,9 @@ export interface AttentionDecodeGeometry {
   wg: number;
   /** Keys per chunk: `wg / 4`. */
   keys: number;
-  /** q heads per workgroup (≤ 8), and workgroups per kv head to cover the group. */
+  /** q heads per workgroup (≤ 8). */
   rows: number;
+  /** Workgroups per kv head to cover its q heads. */
   rowGroups: number;
   /** Rows per round of the final reduction. */
   rpr: number;
@@ -229,6 +236,7 @@ export interface AttentionDecodeGeometry {
 
 /** Options for {@linkcode attentionDecodeGeometry}. */
 export interface AttentionDecodeGeometryOptions {
+  /** Elements per head, a multiple of 4 up to 256. */
   headDim: number;
   /** q heads per kv head. */
   group: number;

@@ -381,10 +381,11 @@ export function rowsTuning(gpu: Gpu, opts: { m: number; cols: number; k: number 
   const head = opts.cols > 8 * opts.k;
   if (opts.cols < ROWS_WIDE * opts.k) { // QKV, o, down
     if (opts.m <= 24) return { kl: 4, cg: 16, r: 24, splits: 8 };
-    if (opts.m <= 32 || (opts.m <= 48 && opts.cols > opts.k)) {
-      return { kl: 4, cg: 16, r: 16, splits: opts.m <= 32 ? 8 : 4 };
+    if (opts.m <= 32) return { kl: 4, cg: 16, r: 16, splits: 8 };
+    if (opts.m <= 48) {
+      const qkv = opts.cols > opts.k;
+      return qkv ? { kl: 4, cg: 16, r: 16, splits: 4 } : { kl: 4, cg: 16, r: 24, splits: 8 };
     }
-    if (opts.m <= 48) return { kl: 4, cg: 16, r: 24, splits: 8 };
   }
   if (opts.m <= 24) {
     return head ? { kl: 4, cg: 32, r: 24, splits: 1 } : { kl: 4, cg: 16, r: 24, splits: 4 };

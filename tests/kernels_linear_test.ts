@@ -182,7 +182,8 @@ const MATMUL_CASES: MatmulCase[] = [
   { m: 25, n: 37, k: 64, dtype: "f16", path: "rows" },
   { m: 32, n: 101, k: 256, dtype: "f16", path: "rows", bias: true, accumulate: true },
   { m: 40, n: 64, k: 264, dtype: "bf16", path: "rows", accumulate: true },
-  // 49 to 64 rows: tiled, in its decode-batch tiles (32 rows) and K splits
+  // 33 to 64 rows with f32 W, and 49 to 64 rows: tiled, in its decode-batch tiles (32 rows) and K
+  // splits
   { m: 33, n: 37, k: 64, dtype: "f32", path: "tiled" },
   { m: 63, n: 37, k: 64, dtype: "f16", path: "tiled" },
   { m: 64, n: 33, k: 1032, dtype: "bf16", path: "tiled", bias: true },
@@ -212,6 +213,9 @@ const MATMUL_CASES: MatmulCase[] = [
   // 24-row tiles: one partial tile, and two tiles with 8 lanes (K 200: the second split shorter)
   { m: 23, n: 600, k: 136, dtype: "f16", path: "rows", rows: { r: 24, kl: 4, cg: 16, splits: 2 } },
   { m: 41, n: 300, k: 200, dtype: "bf16", path: "rows", rows: { r: 24, kl: 8, cg: 16, splits: 2 } },
+  // o and down's GPU shape at 33-48 rows, deeper than wide: K 1032 in 8 asked splits (7 run, the
+  // last shorter)
+  { m: 40, n: 64, k: 1032, dtype: "f16", path: "rows", rows: { r: 24, kl: 4, cg: 16, splits: 8 } },
   // small, launch shapes other than the default: a partial last row tile of several row
   // groups; more K lanes than units (idle lanes); one row per thread over several row tiles
   { m: 21, n: 301, k: 256, dtype: "f16", path: "small", small: { rm: 4, tm: 4, tn: 2, tk: 8 } },

@@ -7,7 +7,7 @@
 // one W2 for every layer (L2-resident: what a perfect prefetch could reach).
 //   deno run -A scripts/probe_prefetch.ts        (SMALL=1: tiny sizes, to try it on a CPU)
 import { createStorage, getGpu } from "../engine/gpu.ts";
-import type { Dispatch } from "../kernels/dispatch.ts";
+import { bindGroup, type Dispatch } from "../kernels/dispatch.ts";
 import { random, timeCalls } from "./sweep_kernels.ts";
 
 const gpu = await getGpu();
@@ -97,15 +97,12 @@ const mv = (
   return {
     label: "mv",
     pipeline: p,
-    bindGroup: d.createBindGroup({
-      layout: p.getBindGroupLayout(0),
-      entries: [
-        { binding: 0, resource: { buffer: w } },
-        { binding: 1, resource: { buffer: x, offset: 0, size: K * 4 } },
-        { binding: 2, resource: { buffer: y } },
-        { binding: 3, resource: pf ? { buffer: pf, offset: 0, size: pfBytes } : { buffer: dummy } },
-      ],
-    }),
+    bindGroup: bindGroup(gpu, p, [
+      w,
+      { buffer: x, offset: 0, size: K * 4 },
+      y,
+      pf ? { buffer: pf, offset: 0, size: pfBytes } : dummy,
+    ]),
     workgroups: [main + (pf ? pfWgs : 0), 1, 1],
   };
 };
@@ -118,8 +115,8 @@ async function run(
   same = false,
 ) {
   const calls: Dispatch[] = [];
+  const bytes = Math.min(R2 * K * 2, Math.floor((pfMB * 2 ** 20) / 16) * 16);
   for (let l = 0; l < L; l++) {
-    const bytes = Math.min(R2 * K * 2, Math.floor((pfMB * 2 ** 20) / 16) * 16);
     if (only !== "B") calls.push(mv(R1, W1(R1)[l], yB, yA, pfMB ? W2[l] : undefined, bytes, pfWgs));
     if (only !== "A") calls.push(mv(R2, W2[same ? 0 : l], yA, yB));
   }

@@ -327,14 +327,16 @@ const ROWS_WIDE = 4;
 
 /**
  * Launch shape of the `rows` kernel (kernels/matmul_rows.wgsl): a workgroup of `kl · cg`
- * threads owns `r` rows of x by `4 · cg` product columns; `kl` threads split each 8 `kl`-wide
+ * threads owns `r` rows of x by `cw · cg` product columns; `kl` threads split each 8 `kl`-wide
  * stage of K; `splits` workgroups split K (the `reduce` dispatch adds them up).
  */
 export interface RowsTuning {
   /** Threads along K per column group: 4 or 8. */
   kl: number;
-  /** Column groups (4 product columns each) per workgroup: at least `r / 2`. */
+  /** Column groups (`cw` product columns each) per workgroup: at least `r / 2`. */
   cg: number;
+  /** Product columns per thread: 4 (default) or 8 (each x read from workgroup memory serves 8). */
+  cw?: number;
   /** Rows of x per tile: 8, 16, 24 or 32. */
   r: number;
   /** K splits (≥ 1). */
@@ -753,8 +755,9 @@ export function matmulDispatches(
     const t = { ...rowsTuning(gpu, { m, cols, k }), ...opts.rows };
     checkRows(gpu, label, t);
     const { kspan, splits } = splitK(gpu, { m, cols, k, step: 8 * t.kl, splits: t.splits });
-    const groups = grid(Math.ceil(m / t.r) * Math.ceil(cols / (4 * t.cg)) * splits);
-    const constants = { WDTYPE: WDTYPE[w.dtype], KL: t.kl, CG: t.cg, R: t.r, ...fusion };
+    const cw = t.cw ?? 4;
+    const groups = grid(Math.ceil(m / t.r) * Math.ceil(cols / (cw * t.cg)) * splits);
+    const constants = { WDTYPE: WDTYPE[w.dtype], KL: t.kl, CG: t.cg, R: t.r, CW: cw, ...fusion };
     const prelude = wgsl("matmul_common.wgsl");
     const pipe = pipeline(gpu, "matmul_rows.wgsl", { prelude, constants });
     // The same Params as matmul.wgsl: its `reduce` finishes from the same uniform.
@@ -763,7 +766,8 @@ export function matmulDispatches(
       params([m, n, k, groups[0], yStride, yOffset, flags, eps, block, kspan, splits]),
     );
     const part = scratch(gpu, splits * m * (cols + 1) * 4);
-    const shape = `${t.r} rows ${t.kl}x${t.cg}` + (splits > 1 ? ` split ${splits}` : "");
+    const shape = `${t.r} rows ${t.kl}x${t.cg}` + (cw === 8 ? "x8" : "") +
+      (splits > 1 ? ` split ${splits}` : "");
     const entries = [
       at(0, u),
       { binding: 1, resource: { buffer: x, size: ceil16(m * k * 4) } },
@@ -1010,6 +1014,7 @@ function checkTiled(gpu: Gpu, label: string, t: TiledTuning, dtype: DType): void
 
 function checkRows(gpu: Gpu, label: string, t: RowsTuning): void {
   if (![4, 8].includes(t.kl)) fail(label, `rows kl must be 4 or 8; got ${t.kl}`);
+  if (![4, 8].includes(t.cw ?? 4)) fail(label, `rows cw must be 4 or 8; got ${t.cw}`);
   if (![8, 16, 24, 32].includes(t.r)) {
     fail(label, `rows r must be 8, 16, 24 or 32; got ${t.r}`);
   }

@@ -4,11 +4,16 @@
 // least 4 times more rows than columns: gate/up, the LM head; any M when forced):
 // y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n]), 16-bit W, K % 8 == 0.
 //
-// A thread owns 4 product columns and all R rows of a row tile. Per 8-wide unit of W (one
-// 16-byte load per column, widened once) it reads x[m0 .. m0 + R)[k] from workgroup memory,
-// where every thread of a column group reads the same address (a broadcast), and does 4 R
-// multiply-adds per k: R / 4 vec4 reads per 4 R multiply-adds, where the `tiled` kernel's
-// 4 x 4 blocks do 2 per 16, and W never passes through workgroup memory. KL adjacent threads
+// A thread owns CW = 4 or 8 product columns and all R rows of a row tile. Per 8-wide unit of W
+// (one 16-byte load per column, widened once) it reads x[m0 .. m0 + R)[k] from workgroup
+// memory, where every thread of a column group reads the same address (a broadcast), and does
+// CW R multiply-adds per k: R / 4 vec4 reads per CW R multiply-adds, where the `tiled` kernel's
+// 4 x 4 blocks do 2 per 16, and W never passes through workgroup memory. Each vec4 read still
+// moves 16 bytes to every thread (512 per warp), which made those reads about a sixth of the
+// kernel's time with 4 columns (an ablation without them on the H200: gate/up at 32 rows 67.6
+// -> 56.8 us, the LM head 161 -> 130; without the W loads instead: 66.2 and 150); 8 columns
+// halve them per multiply-add, at twice the accumulators (kernels/matmul.ts `rowsTuning` says
+// where that pays). KL adjacent threads
 // take adjacent units of a row of W (one 64- or 128-byte run per row per load); CG column
 // groups share a workgroup. K advances in stages of KL units: each stage's x tile (R rows x
 // 8 KL k, f32, transposed to [k][m] and scaled by the norm weights with NORM) is staged through
@@ -30,6 +35,7 @@
 override KL: u32 = 4u; // threads along K per column group, each one 8-wide unit per stage: 4 or 8
 override CG: u32 = 16u; // column groups of 4 product columns per workgroup, >= R / 2
 override R: u32 = 16u; // rows of x per tile: 8, 16, 24 or 32
+override CW: u32 = 4u; // product columns per thread: 4, or 8 (each x read serves twice the work)
 
 override XS: u32 = R / 4u + 1u; // vec4 per staged k-row (R / 4, padded by one)
 override LS: u32 = 8u * XS + 1u; // vec4 per lane block of 8 k-rows (padded by one)
@@ -73,12 +79,18 @@ struct Acc {
   q0: A8, q1: A8, q2: A8, q3: A8,
 }
 
+// A thread's accumulators: columns 0..3 (a) and, with CW = 8, 4..7 (b).
+struct Acc2 {
+  a: Acc, b: Acc,
+}
+
 // A stage's global loads of a thread: x slots j = 0..3 (xj) with their norm weights (nj), and
-// the unit of each of its 4 columns (uj).
+// the unit of each of its columns (uj; u4..u7 with CW = 8).
 struct Staged {
   x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>,
   n0: vec4<f32>, n1: vec4<f32>, n2: vec4<f32>, n3: vec4<f32>,
   u0: vec4<u32>, u1: vec4<u32>, u2: vec4<u32>, u3: vec4<u32>,
+  u4: vec4<u32>, u5: vec4<u32>, u6: vec4<u32>, u7: vec4<u32>,
 }
 
 fn threads() -> u32 {
@@ -132,7 +144,7 @@ fn fetch_u(wo: u32, k: u32, ke: u32) -> vec4<u32> {
   return w[wo + k / 8u];
 }
 
-fn fetch(lid: u32, m0: u32, wo: vec4<u32>, lane: u32, k0: u32, ke: u32) -> Staged {
+fn fetch(lid: u32, m0: u32, wo: vec4<u32>, wo2: vec4<u32>, lane: u32, k0: u32, ke: u32) -> Staged {
   let t = threads();
   var g: Staged;
   g.x0 = fetch_x(lid, m0, k0, ke);
@@ -150,6 +162,12 @@ fn fetch(lid: u32, m0: u32, wo: vec4<u32>, lane: u32, k0: u32, ke: u32) -> Stage
   g.u1 = fetch_u(wo.y, k, ke);
   g.u2 = fetch_u(wo.z, k, ke);
   g.u3 = fetch_u(wo.w, k, ke);
+  if (CW == 8u) {
+    g.u4 = fetch_u(wo2.x, k, ke);
+    g.u5 = fetch_u(wo2.y, k, ke);
+    g.u6 = fetch_u(wo2.z, k, ke);
+    g.u7 = fetch_u(wo2.w, k, ke);
+  }
   return g;
 }
 
@@ -203,47 +221,80 @@ fn fma8(s: A8, x0: vec4<f32>, x1: vec4<f32>, wv: vec4<f32>) -> A8 {
   return r;
 }
 
-// One k: the tile's rows of x from xs[xa ..] times the thread's 4 weights wv.
-fn kstep(a: Acc, xa: u32, wv: vec4<f32>) -> Acc {
+// One k: the tile's rows of x from xs[xa ..] times the thread's weights wv (columns 0..3) and,
+// with CW = 8, wv2 (4..7): each x read from workgroup memory serves CW multiply-adds.
+fn kstep(a: Acc2, xa: u32, wv: vec4<f32>, wv2: vec4<f32>) -> Acc2 {
   var r = a;
-  if (R == 8u) {
-    r.q0 = fma8(r.q0, xs[xa], xs[xa + 1u], wv);
-    return r;
+  let x0 = xs[xa];
+  let x1 = xs[xa + 1u];
+  r.a.q0 = fma8(r.a.q0, x0, x1, wv);
+  if (CW == 8u) {
+    r.b.q0 = fma8(r.b.q0, x0, x1, wv2);
   }
-  r.q0 = fma8(r.q0, xs[xa], xs[xa + 1u], wv);
-  r.q1 = fma8(r.q1, xs[xa + 2u], xs[xa + 3u], wv);
+  if (R >= 16u) {
+    let x2 = xs[xa + 2u];
+    let x3 = xs[xa + 3u];
+    r.a.q1 = fma8(r.a.q1, x2, x3, wv);
+    if (CW == 8u) {
+      r.b.q1 = fma8(r.b.q1, x2, x3, wv2);
+    }
+  }
   if (R >= 24u) {
-    r.q2 = fma8(r.q2, xs[xa + 4u], xs[xa + 5u], wv);
+    let x4 = xs[xa + 4u];
+    let x5 = xs[xa + 5u];
+    r.a.q2 = fma8(r.a.q2, x4, x5, wv);
+    if (CW == 8u) {
+      r.b.q2 = fma8(r.b.q2, x4, x5, wv2);
+    }
   }
   if (R == 32u) {
-    r.q3 = fma8(r.q3, xs[xa + 6u], xs[xa + 7u], wv);
+    let x6 = xs[xa + 6u];
+    let x7 = xs[xa + 7u];
+    r.a.q3 = fma8(r.a.q3, x6, x7, wv);
+    if (CW == 8u) {
+      r.b.q3 = fma8(r.b.q3, x6, x7, wv2);
+    }
   }
   return r;
 }
 
-// Two k of one word of each column's unit.
-fn word(a: Acc, xa: u32, w0: u32, w1: u32, w2: u32, w3: u32) -> Acc {
-  let p0 = unpack2(w0);
-  let p1 = unpack2(w1);
-  let p2 = unpack2(w2);
-  let p3 = unpack2(w3);
-  let r = kstep(a, xa, vec4<f32>(p0.x, p1.x, p2.x, p3.x));
-  return kstep(r, xa + XS, vec4<f32>(p0.y, p1.y, p2.y, p3.y));
+// Two k of one word of each column's unit (w: columns 0..3, v: 4..7 with CW = 8).
+fn word(a: Acc2, xa: u32, w: vec4<u32>, v: vec4<u32>) -> Acc2 {
+  let p0 = unpack2(w.x);
+  let p1 = unpack2(w.y);
+  let p2 = unpack2(w.z);
+  let p3 = unpack2(w.w);
+  var q0 = vec2<f32>(0.0);
+  var q1 = vec2<f32>(0.0);
+  var q2 = vec2<f32>(0.0);
+  var q3 = vec2<f32>(0.0);
+  if (CW == 8u) {
+    q0 = unpack2(v.x);
+    q1 = unpack2(v.y);
+    q2 = unpack2(v.z);
+    q3 = unpack2(v.w);
+  }
+  let r = kstep(a, xa, vec4<f32>(p0.x, p1.x, p2.x, p3.x), vec4<f32>(q0.x, q1.x, q2.x, q3.x));
+  return kstep(r, xa + XS, vec4<f32>(p0.y, p1.y, p2.y, p3.y), vec4<f32>(q0.y, q1.y, q2.y, q3.y));
 }
 
-// The 8 k of a unit, from k-row block xa on.
-fn unit(a: Acc, xa: u32, u0: vec4<u32>, u1: vec4<u32>, u2: vec4<u32>, u3: vec4<u32>) -> Acc {
-  var r = word(a, xa, u0.x, u1.x, u2.x, u3.x);
-  r = word(r, xa + 2u * XS, u0.y, u1.y, u2.y, u3.y);
-  r = word(r, xa + 4u * XS, u0.z, u1.z, u2.z, u3.z);
-  return word(r, xa + 6u * XS, u0.w, u1.w, u2.w, u3.w);
+// The 8 k of a stage's units, from k-row block xa on.
+fn unit(a: Acc2, xa: u32, g: Staged) -> Acc2 {
+  var r = word(a, xa, vec4<u32>(g.u0.x, g.u1.x, g.u2.x, g.u3.x),
+    vec4<u32>(g.u4.x, g.u5.x, g.u6.x, g.u7.x));
+  r = word(r, xa + 2u * XS, vec4<u32>(g.u0.y, g.u1.y, g.u2.y, g.u3.y),
+    vec4<u32>(g.u4.y, g.u5.y, g.u6.y, g.u7.y));
+  r = word(r, xa + 4u * XS, vec4<u32>(g.u0.z, g.u1.z, g.u2.z, g.u3.z),
+    vec4<u32>(g.u4.z, g.u5.z, g.u6.z, g.u7.z));
+  return word(r, xa + 6u * XS, vec4<u32>(g.u0.w, g.u1.w, g.u2.w, g.u3.w),
+    vec4<u32>(g.u4.w, g.u5.w, g.u6.w, g.u7.w));
 }
 
 // One round of the lanes' reduction: rows 4 rho .. 4 rho + 3 of the tile, v0..v3 this thread's
-// sums for them. Thread o < 4 CG adds the KL lanes of column group o / 4, row o % 4, and
-// writes split `split`'s partial sums of its 4 columns.
-fn round(lid: u32, lane: u32, cg: u32, m0: u32, n0: u32, split: u32, rho: u32, v0: vec4<f32>,
-  v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>) {
+// sums for them in its columns off .. off + 3. Thread o < 4 CG adds the KL lanes of column group
+// o / 4, row o % 4, and writes split `split`'s partial sums of those 4 columns.
+fn round(lid: u32, lane: u32, cg: u32, m0: u32, n0: u32, split: u32, rho: u32, off: u32,
+  v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>) {
   workgroupBarrier();
   xs[(cg * 4u) * KL + lane] = v0;
   xs[(cg * 4u + 1u) * KL + lane] = v1;
@@ -259,7 +310,7 @@ fn round(lid: u32, lane: u32, cg: u32, m0: u32, n0: u32, split: u32, rho: u32, v
     s += xs[i + 4u] + xs[i + 5u] + xs[i + 6u] + xs[i + 7u];
   }
   let m = m0 + 4u * rho + lid % 4u;
-  let c = n0 + (lid / 4u) * 4u;
+  let c = n0 + (lid / 4u) * CW + off;
   let n = cols();
   if (m >= p.m) {
     return;
@@ -284,14 +335,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   // Workgroups are laid out [split][column tile][row tile]: row tiles of a column tile are
   // neighbours and read the same W.
   let rtiles = (p.m + R - 1u) / R;
-  let tiles = rtiles * ((cols() + 4u * CG - 1u) / (4u * CG));
+  let tiles = rtiles * ((cols() + CW * CG - 1u) / (CW * CG));
   let g = wid.y * p.groups_x + wid.x;
   let split = g / tiles;
   let m0 = (g % tiles % rtiles) * R;
-  let n0 = (g % tiles / rtiles) * 4u * CG;
+  let n0 = (g % tiles / rtiles) * CW * CG;
   let lane = lid % KL;
   let cg = lid / KL;
-  let c0 = n0 + 4u * cg;
+  let c0 = n0 + CW * cg;
   let kb = split * p.kspan;
   let ke = min(p.k, kb + p.kspan);
   let t = threads();
@@ -299,10 +350,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let last = cols() - 1u;
   let wo = vec4<u32>(col_row(min(c0, last)), col_row(min(c0 + 1u, last)),
     col_row(min(c0 + 2u, last)), col_row(min(c0 + 3u, last))) * (p.k / 8u);
+  var wo2 = vec4<u32>(0u);
+  if (CW == 8u) {
+    wo2 = vec4<u32>(col_row(min(c0 + 4u, last)), col_row(min(c0 + 5u, last)),
+      col_row(min(c0 + 6u, last)), col_row(min(c0 + 7u, last))) * (p.k / 8u);
+  }
 
-  var acc: Acc;
+  var acc: Acc2;
   var ss = vec4<f32>(0.0); // NORM: sum of x^2 of x slot j, in component j
-  var staged = fetch(lid, m0, wo, lane, kb, ke);
+  var staged = fetch(lid, m0, wo, wo2, lane, kb, ke);
   var b = 0u;
   for (var k0 = kb; k0 < ke; k0 += KC) {
     if (NORM) {
@@ -310,15 +366,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         dot(staged.x2, staged.x2), dot(staged.x3, staged.x3));
     }
     stash(staged, lid, b);
-    let u0 = staged.u0;
-    let u1 = staged.u1;
-    let u2 = staged.u2;
-    let u3 = staged.u3;
+    let units = staged;
     workgroupBarrier();
     if (k0 + KC < ke) {
-      staged = fetch(lid, m0, wo, lane, k0 + KC, ke); // in flight during this stage's math
+      staged = fetch(lid, m0, wo, wo2, lane, k0 + KC, ke); // in flight during this stage's math
     }
-    acc = unit(acc, b * BUF + lane * LS, u0, u1, u2, u3);
+    acc = unit(acc, b * BUF + lane * LS, units);
     b ^= 1u;
   }
 
@@ -348,18 +401,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
   }
 
-  round(lid, lane, cg, m0, n0, split, 0u, acc.q0.a, acc.q0.b, acc.q0.c, acc.q0.d);
-  round(lid, lane, cg, m0, n0, split, 1u, acc.q0.e, acc.q0.f, acc.q0.g, acc.q0.h);
+  rounds(lid, lane, cg, m0, n0, split, 0u, acc.a);
+  if (CW == 8u) {
+    rounds(lid, lane, cg, m0, n0, split, 4u, acc.b);
+  }
+}
+
+// The lanes' reduction of one set of 4 columns (at `off`), every row of the tile.
+fn rounds(lid: u32, lane: u32, cg: u32, m0: u32, n0: u32, split: u32, off: u32, a: Acc) {
+  round(lid, lane, cg, m0, n0, split, 0u, off, a.q0.a, a.q0.b, a.q0.c, a.q0.d);
+  round(lid, lane, cg, m0, n0, split, 1u, off, a.q0.e, a.q0.f, a.q0.g, a.q0.h);
   if (R >= 16u) {
-    round(lid, lane, cg, m0, n0, split, 2u, acc.q1.a, acc.q1.b, acc.q1.c, acc.q1.d);
-    round(lid, lane, cg, m0, n0, split, 3u, acc.q1.e, acc.q1.f, acc.q1.g, acc.q1.h);
+    round(lid, lane, cg, m0, n0, split, 2u, off, a.q1.a, a.q1.b, a.q1.c, a.q1.d);
+    round(lid, lane, cg, m0, n0, split, 3u, off, a.q1.e, a.q1.f, a.q1.g, a.q1.h);
   }
   if (R >= 24u) {
-    round(lid, lane, cg, m0, n0, split, 4u, acc.q2.a, acc.q2.b, acc.q2.c, acc.q2.d);
-    round(lid, lane, cg, m0, n0, split, 5u, acc.q2.e, acc.q2.f, acc.q2.g, acc.q2.h);
+    round(lid, lane, cg, m0, n0, split, 4u, off, a.q2.a, a.q2.b, a.q2.c, a.q2.d);
+    round(lid, lane, cg, m0, n0, split, 5u, off, a.q2.e, a.q2.f, a.q2.g, a.q2.h);
   }
   if (R == 32u) {
-    round(lid, lane, cg, m0, n0, split, 6u, acc.q3.a, acc.q3.b, acc.q3.c, acc.q3.d);
-    round(lid, lane, cg, m0, n0, split, 7u, acc.q3.e, acc.q3.f, acc.q3.g, acc.q3.h);
+    round(lid, lane, cg, m0, n0, split, 6u, off, a.q3.a, a.q3.b, a.q3.c, a.q3.d);
+    round(lid, lane, cg, m0, n0, split, 7u, off, a.q3.e, a.q3.f, a.q3.g, a.q3.h);
   }
 }

@@ -188,6 +188,16 @@ const NORM_CASES: FusedCase[] = [
     norm: true,
     rows: { r: 16, kl: 4, cg: 8, splits: 3 },
   },
+  {
+    m: 33,
+    n: 300,
+    k: 136,
+    dtype: "f16",
+    path: "rows",
+    norm: true,
+    accumulate: true,
+    rows: { r: 16, kl: 4, cg: 8, cw: 8, splits: 3 },
+  },
   ...DTYPES.map((dtype): FusedCase => ({ m: 3, n: 101, k: 129, dtype, path: "naive", norm: true })),
   { m: 1, n: 33, k: 37, dtype: "bf16", path: "naive", norm: true, bias: true, accumulate: true },
   // tiled: M, N not multiples of the 64 x 64 tile (the other dtypes: the swiglu cases)
@@ -235,6 +245,29 @@ const SWIGLU_CASES: FusedCase[] = [
     small: { rm: 8, tm: 2, tn: 4, tk: 16, unroll: 2 },
   },
   // rows (gate/up rows = 2F >= 4K)
+  // gate/up's GPU shape at 17-24 rows: 8-row tiles of 8 columns per thread, 2 K splits
+  {
+    m: 21,
+    n: 300,
+    k: 64,
+    dtype: "f16",
+    path: "rows",
+    swiglu: true,
+    norm: true,
+    rows: { r: 8, kl: 4, cg: 16, cw: 8, splits: 2 },
+  },
+  {
+    m: 29,
+    n: 150,
+    k: 72,
+    dtype: "bf16",
+    path: "rows",
+    swiglu: true,
+    norm: true,
+    block: 4,
+    bias: true,
+    rows: { r: 16, kl: 4, cg: 16, cw: 8, splits: 2 },
+  },
   { m: 12, n: 150, k: 64, dtype: "f16", path: "rows", swiglu: true, norm: true },
   {
     m: 21,

@@ -216,6 +216,33 @@ const MATMUL_CASES: MatmulCase[] = [
   // o and down's GPU shape at 33-48 rows, deeper than wide: K 1032 in 8 asked splits (7 run, the
   // last shorter)
   { m: 40, n: 64, k: 1032, dtype: "f16", path: "rows", rows: { r: 24, kl: 4, cg: 16, splits: 8 } },
+  // 8 columns per thread: partial column tiles, 8-row and 24-row tiles, 8 lanes, K splits
+  {
+    m: 20,
+    n: 900,
+    k: 200,
+    dtype: "f16",
+    path: "rows",
+    rows: { r: 8, kl: 4, cg: 4, cw: 8, splits: 3 },
+  },
+  {
+    m: 45,
+    n: 300,
+    k: 136,
+    dtype: "bf16",
+    path: "rows",
+    bias: true,
+    rows: { r: 24, kl: 8, cg: 16, cw: 8, splits: 2 },
+  },
+  {
+    m: 31,
+    n: 70,
+    k: 64,
+    dtype: "f16",
+    path: "rows",
+    accumulate: true,
+    rows: { r: 32, kl: 4, cg: 16, cw: 8, splits: 1 },
+  },
   // small, launch shapes other than the default: a partial last row tile of several row
   // groups; more K lanes than units (idle lanes); one row per thread over several row tiles
   { m: 21, n: 301, k: 256, dtype: "f16", path: "small", small: { rm: 4, tm: 4, tn: 2, tk: 8 } },
@@ -650,6 +677,7 @@ Deno.test("matmul: refuses shapes it cannot serve, with the sizes in the message
   const badRows = (rows: Partial<RowsTuning>) => () =>
     matmulDispatches(gpu, { x: x64, w: w300, y: y300 }, { m: 8, path: "rows", rows });
   assert.throws(badRows({ kl: 2 }), /rows kl must be 4 or 8; got 2/);
+  assert.throws(badRows({ cw: 6 }), /rows cw must be 4 or 8; got 6/);
   assert.throws(badRows({ r: 12 }), /rows r must be 8, 16, 24 or 32; got 12/);
   assert.throws(badRows({ r: 32, cg: 8 }), /rows cg must be a power of two >= r \/ 2; got 8/);
   assert.throws(badRows({ splits: 0 }), /rows splits must be an integer >= 1; got 0/);

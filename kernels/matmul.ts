@@ -355,16 +355,23 @@ const ROWS_CPU: RowsTuning = { kl: 4, cg: 4, r: 8, splits: 1 };
  *   gate/up 29.7, LM head 73.2 (16-row tiles: 38.7 and 98.3).
  * - M ≤ 16: 16 rows, 4 lanes × 16 column groups, 4 splits: gate/up 39.8, LM head 105 (8-row
  *   tiles: 48.3–51.7 and 119–129; 32-row tiles 74.4 and 185).
- * - M ≤ 24: one tile of 24 rows, gate/up 4 × 16 in 4 splits: 53.4–54.7 µs at M = 17–24 (2 splits
- *   60.7–61.3, 1 split 69.6–70.3; two 16-row tiles before: 66.9–67.2); the LM head 4 × 32
- *   unsplit: 122.6–124.1 (2 splits 126.4–129.0; a 32-row tile before: 155.6–158.9).
+ * - M ≤ 24: gate/up in 8-row tiles of 8 columns per thread (`cw` 8), 4 × 16, 2 splits:
+ *   47.4–47.9 µs at M = 20–24 (one 24-row tile of 4 columns per thread in 4 splits, before:
+ *   53.6–54.6; of 8 columns: 109–110, apparently spilling its 192 accumulators; 2 splits
+ *   60.7–61.3, 1 split 69.6–70.3; two 16-row tiles before that: 66.9–67.2); the LM head in one
+ *   24-row tile, 4 × 32, unsplit: 122.6–124.1 (2 splits 126.4–129.0; 8-row tiles of 8 columns
+ *   141–144; a 32-row tile before: 155.6–158.9).
  * - M ≤ 32: gate/up in tiles of 16 rows, 4 × 16, 2 splits: 67.9 (4 splits 71.1, 32-row tiles
  *   77.3, 8-row tiles 79.3–88.7); the LM head (over 8 times wider than deep) in tiles of 32 rows,
- *   4 × 32, 2 splits: 162 (16-row tiles 185–186).
- * - M ≤ 48, three 16-row tiles, 4 × 16 (× 32 for the LM head): gate/up unsplit 89.3 at M = 48
- *   (2 splits 91.1, 4 92.8, 32-row tiles 113–140; two 24-row tiles 90.7–91.4 at M = 36–48, and in
- *   the bench, with QKV and the LM head in them too, batches 40 and 48 lost 6 %), the LM head
- *   unsplit 233 (32-row tiles 289–299); QKV 4 splits 29.7 (2: 34.4, 1: 58.8).
+ *   4 × 32, 2 splits: 162 (16-row tiles 185–186). With 8 columns per thread the sweep read
+ *   gate/up 63.5–64.0 (16-row tiles, 4 splits) and the LM head 150.5–151.8 (16 rows, 2 splits)
+ *   at M = 28–32, but the bench lost 1.3 % at batches 28 and 32 with both, so not here.
+ * - M ≤ 48, three 16-row tiles of 8 columns per thread, 4 × 16 (× 32 for the LM head): gate/up
+ *   in 2 splits 71.6–72.0 at M = 33–48 (unsplit 81.1–82.1; 4 columns per thread unsplit, before:
+ *   88.3–89.3, 2 splits 91.1, 4 92.8, 32-row tiles 113–140; two 24-row tiles 90.7–91.4 at M =
+ *   36–48, and in the bench, with QKV and the LM head in them too, batches 40 and 48 lost 6 %),
+ *   the LM head unsplit 208–212.5 (2 splits 211–215.5; 4 columns 228–232, 32-row tiles 289–299);
+ *   QKV 4 splits 29.7 (2: 34.4, 1: 58.8; 8 columns 29.1, o and down 2× slower with them).
  * - M ≤ 64: 32-row tiles, 4 × 32: gate/up 2 splits 114 at M = 56 (unsplit 141, 16-row tiles
  *   123–127), the LM head unsplit 290 (2 splits 302, 16-row tiles 299–318).
  * - QKV, o and down (under 4 times wider than deep; `rows` from 25 rows, see
@@ -390,12 +397,16 @@ export function rowsTuning(gpu: Gpu, opts: { m: number; cols: number; k: number 
     }
   }
   if (opts.m <= 24) {
-    return head ? { kl: 4, cg: 32, r: 24, splits: 1 } : { kl: 4, cg: 16, r: 24, splits: 4 };
+    return head ? { kl: 4, cg: 32, r: 24, splits: 1 } : { kl: 4, cg: 16, r: 8, cw: 8, splits: 2 };
   }
   if (opts.m <= 32) {
     return head ? { kl: 4, cg: 32, r: 32, splits: 2 } : { kl: 4, cg: 16, r: 16, splits: 2 };
   }
-  if (opts.m <= 48) return { kl: 4, cg: head ? 32 : 16, r: 16, splits: 1 };
+  if (opts.m <= 48) {
+    return head
+      ? { kl: 4, cg: 32, r: 16, cw: 8, splits: 1 }
+      : { kl: 4, cg: 16, r: 16, cw: 8, splits: 2 };
+  }
   return { kl: 4, cg: 32, r: 32, splits: head ? 1 : 2 };
 }
 

@@ -328,15 +328,21 @@ Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefil
     r: 8,
     splits: 2,
   });
-  const shape = (t: { r: number; splits: number }) => `${t.r}/${t.splits}`;
-  // 17 to 24 rows: one 24-row tile (gate/up in 4 K splits, the LM head unsplit)
-  assert.equal(shape(rowsTuning(h200, { m: 17, cols: 11264, k: 2048 })), "24/4");
+  // rows per tile / K splits, and "x8" where a thread holds 8 product columns
+  const shape = (t: RowsTuning) => `${t.r}/${t.splits}` + (t.cw === 8 ? "x8" : "");
+  // 17 to 24 rows: gate/up in 8-row tiles of 8 columns per thread, 2 K splits; the LM head in
+  // one 24-row tile, unsplit
+  assert.equal(shape(rowsTuning(h200, { m: 17, cols: 11264, k: 2048 })), "8/2x8");
+  assert.equal(shape(rowsTuning(h200, { m: 24, cols: 11264, k: 2048 })), "8/2x8");
   assert.equal(shape(rowsTuning(h200, { m: 24, cols: 32000, k: 2048 })), "24/1");
+  // 25 to 32 rows: 4 columns per thread (8 measured slower in the bench)
   assert.equal(shape(rowsTuning(h200, { m: 25, cols: 11264, k: 2048 })), "16/2");
-  assert.equal(rowsTuning(h200, { m: 32, cols: 11264, k: 2048 }).r, 16);
-  assert.equal(rowsTuning(h200, { m: 32, cols: 32000, k: 2048 }).r, 32);
-  assert.equal(shape(rowsTuning(h200, { m: 48, cols: 11264, k: 2048 })), "16/1");
-  assert.equal(shape(rowsTuning(h200, { m: 48, cols: 32000, k: 2048 })), "16/1");
+  assert.equal(shape(rowsTuning(h200, { m: 32, cols: 11264, k: 2048 })), "16/2");
+  assert.equal(shape(rowsTuning(h200, { m: 32, cols: 32000, k: 2048 })), "32/2");
+  // 33 to 48 rows: 16-row tiles of 8 columns per thread (gate/up in 2 K splits)
+  assert.equal(shape(rowsTuning(h200, { m: 33, cols: 11264, k: 2048 })), "16/2x8");
+  assert.equal(shape(rowsTuning(h200, { m: 48, cols: 11264, k: 2048 })), "16/2x8");
+  assert.equal(shape(rowsTuning(h200, { m: 48, cols: 32000, k: 2048 })), "16/1x8");
   // QKV, o, down: 8 K splits (two 16-row tiles up to 32 rows, two 24-row ones for o and down
   // up to 48), QKV at 33-48 in three 16-row tiles split 4
   assert.equal(shape(rowsTuning(h200, { m: 28, cols: 2560, k: 2048 })), "16/8");
@@ -344,6 +350,7 @@ Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefil
   assert.equal(shape(rowsTuning(h200, { m: 40, cols: 2560, k: 2048 })), "16/4");
   assert.equal(shape(rowsTuning(h200, { m: 40, cols: 2048, k: 2048 })), "24/8");
   assert.equal(shape(rowsTuning(h200, { m: 48, cols: 2048, k: 5632 })), "24/8");
+  assert.equal(shape(rowsTuning(h200, { m: 49, cols: 11264, k: 2048 })), "32/2");
   assert.equal(shape(rowsTuning(h200, { m: 56, cols: 11264, k: 2048 })), "32/2");
   assert.equal(shape(rowsTuning(h200, { m: 64, cols: 32000, k: 2048 })), "32/1");
   const splits = (m: number, cols: number, k: number, norm = false, swiglu = false) =>

@@ -372,8 +372,11 @@ const ROWS_CPU: RowsTuning = { kl: 4, cg: 4, r: 8, splits: 1 };
  *   36–48, and in the bench, with QKV and the LM head in them too, batches 40 and 48 lost 6 %),
  *   the LM head unsplit 208–212.5 (2 splits 211–215.5; 4 columns 228–232, 32-row tiles 289–299);
  *   QKV 4 splits 29.7 (2: 34.4, 1: 58.8; 8 columns 29.1, o and down 2× slower with them).
- * - M ≤ 64: 32-row tiles, 4 × 32: gate/up 2 splits 114 at M = 56 (unsplit 141, 16-row tiles
- *   123–127), the LM head unsplit 290 (2 splits 302, 16-row tiles 299–318).
+ * - M ≤ 64: as at M ≤ 48, in four 16-row tiles: gate/up 107.5–108.2 at M = 56–64 (unsplit
+ *   128.8–128.9, 4 splits 113.6–114.3; 32-row tiles of 4 columns, before: 2 splits 114 at M = 56,
+ *   unsplit 141; 16-row tiles of 4 columns 123–127), the LM head 262.9–264.9 (4 splits 303–312;
+ *   before: 32-row tiles of 4 columns, unsplit 290, 2 splits 302, 16-row tiles 299–318). The
+ *   bench: batches 56 and 64 +2.2–2.3 %.
  * - QKV, o and down (under 4 times wider than deep; `rows` from 25 rows, see
  *   `ROWS_NARROW_MIN_M`) in 8 K splits: two 16-row tiles at M ≤ 32 (QKV 25.7, o 19.7, down
  *   36.9; one 32-row tile 31.3, 22.4, 41.7; one 24-row tile at M ≤ 24, only when forced: 24.2–24.7,
@@ -402,12 +405,12 @@ export function rowsTuning(gpu: Gpu, opts: { m: number; cols: number; k: number 
   if (opts.m <= 32) {
     return head ? { kl: 4, cg: 32, r: 32, splits: 2 } : { kl: 4, cg: 16, r: 16, splits: 2 };
   }
-  if (opts.m <= 48) {
+  if (opts.m <= 64) {
     return head
       ? { kl: 4, cg: 32, r: 16, cw: 8, splits: 1 }
       : { kl: 4, cg: 16, r: 16, cw: 8, splits: 2 };
   }
-  return { kl: 4, cg: 32, r: 32, splits: head ? 1 : 2 };
+  return { kl: 4, cg: 32, r: 32, splits: head ? 1 : 2 }; // over 64 rows: only when forced
 }
 
 /** The kernel {@linkcode matmulDispatches} picks for `m` rows of x times `w`. */

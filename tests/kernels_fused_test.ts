@@ -245,6 +245,18 @@ const SWIGLU_CASES: FusedCase[] = [
     small: { rm: 8, tm: 2, tn: 4, tk: 16, unroll: 2 },
   },
   // rows (gate/up rows = 2F >= 4K)
+  // gate/up's GPU shape at 33-64 rows: 16-row tiles (four, the last partial) of 8 columns per
+  // thread, 2 K splits
+  {
+    m: 57,
+    n: 300,
+    k: 136,
+    dtype: "f16",
+    path: "rows",
+    swiglu: true,
+    norm: true,
+    rows: { r: 16, kl: 4, cg: 16, cw: 8, splits: 2 },
+  },
   // gate/up's GPU shape at 17-24 rows: 8-row tiles of 8 columns per thread, 2 K splits
   {
     m: 21,

@@ -339,7 +339,7 @@ Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefil
   assert.equal(shape(rowsTuning(h200, { m: 25, cols: 11264, k: 2048 })), "16/2");
   assert.equal(shape(rowsTuning(h200, { m: 32, cols: 11264, k: 2048 })), "16/2");
   assert.equal(shape(rowsTuning(h200, { m: 32, cols: 32000, k: 2048 })), "32/2");
-  // 33 to 48 rows: 16-row tiles of 8 columns per thread (gate/up in 2 K splits)
+  // 33 to 64 rows: 16-row tiles of 8 columns per thread (gate/up in 2 K splits)
   assert.equal(shape(rowsTuning(h200, { m: 33, cols: 11264, k: 2048 })), "16/2x8");
   assert.equal(shape(rowsTuning(h200, { m: 48, cols: 11264, k: 2048 })), "16/2x8");
   assert.equal(shape(rowsTuning(h200, { m: 48, cols: 32000, k: 2048 })), "16/1x8");
@@ -350,9 +350,11 @@ Deno.test("matmul: path and launch-shape rules (decode batches, K splits, prefil
   assert.equal(shape(rowsTuning(h200, { m: 40, cols: 2560, k: 2048 })), "16/4");
   assert.equal(shape(rowsTuning(h200, { m: 40, cols: 2048, k: 2048 })), "24/8");
   assert.equal(shape(rowsTuning(h200, { m: 48, cols: 2048, k: 5632 })), "24/8");
-  assert.equal(shape(rowsTuning(h200, { m: 49, cols: 11264, k: 2048 })), "32/2");
-  assert.equal(shape(rowsTuning(h200, { m: 56, cols: 11264, k: 2048 })), "32/2");
-  assert.equal(shape(rowsTuning(h200, { m: 64, cols: 32000, k: 2048 })), "32/1");
+  assert.equal(shape(rowsTuning(h200, { m: 49, cols: 11264, k: 2048 })), "16/2x8");
+  assert.equal(shape(rowsTuning(h200, { m: 64, cols: 11264, k: 2048 })), "16/2x8");
+  assert.equal(shape(rowsTuning(h200, { m: 64, cols: 32000, k: 2048 })), "16/1x8");
+  // past 64 rows (only when forced): 32-row tiles of 4 columns
+  assert.equal(shape(rowsTuning(h200, { m: 65, cols: 11264, k: 2048 })), "32/2");
   const splits = (m: number, cols: number, k: number, norm = false, swiglu = false) =>
     tiledTuning(h200, { m, cols, k, norm, swiglu }).splits;
   // 40 tiles of 32 x 64 for QKV at M = 32: 8 splits of 16 steps; gate/up's 176 tiles: 2; QKV's

@@ -13,13 +13,12 @@
 // kernel's time with 4 columns (an ablation without them on the H200: gate/up at 32 rows 67.6
 // -> 56.8 us, the LM head 161 -> 130; without the W loads instead: 66.2 and 150); 8 columns
 // halve them per multiply-add, at twice the accumulators (kernels/matmul.ts `rowsTuning` says
-// where that pays). KL adjacent threads
-// take adjacent units of a row of W (one 64- or 128-byte run per row per load); CG column
-// groups share a workgroup. K advances in stages of KL units: each stage's x tile (R rows x
-// 8 KL k, f32, transposed to [k][m] and scaled by the norm weights with NORM) is staged through
-// two buffers, one barrier per stage, with the next stage's x and W loads in flight in
-// registers during this stage's multiply-adds. Each lane's block of 8 k-rows is padded by one
-// vec4, so the KL lanes of a warp read distinct banks.
+// where that pays). KL adjacent threads take adjacent units of a row of W (one 64- or 128-byte
+// run per row per load); CG column groups share a workgroup. K advances in stages of KL units:
+// each stage's x tile (R rows x 8 KL k, f32, transposed to [k][m] and scaled by the norm weights
+// with NORM) is staged through two buffers, one barrier per stage, with the next stage's x and W
+// loads in flight in registers during this stage's multiply-adds. Each lane's block of 8 k-rows
+// is padded by one vec4, so the KL lanes of a warp read distinct banks.
 //
 // Every launch splits K over p.splits workgroups per tile (possibly 1) and writes raw partial
 // sums to `part` in the layout of matmul.wgsl's SPLIT ([splits][M][cols], then the rows' sums
@@ -33,7 +32,7 @@
 // replaced: kernels/matmul.ts (`rowsTuning`, `ROWS_MIN_M`).
 
 override KL: u32 = 4u; // threads along K per column group, each one 8-wide unit per stage: 4 or 8
-override CG: u32 = 16u; // column groups of 4 product columns per workgroup, >= R / 2
+override CG: u32 = 16u; // column groups of CW product columns per workgroup, >= R / 2
 override R: u32 = 16u; // rows of x per tile: 8, 16, 24 or 32
 override CW: u32 = 4u; // product columns per thread: 4, or 8 (each x read serves twice the work)
 

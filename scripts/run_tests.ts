@@ -12,20 +12,36 @@
  *   deno run -A scripts/run_tests.ts
  */
 
-/** The summary line `deno test` prints last. */
-const SUMMARY = /ok \| (\d+) passed(?: \(\d+ steps?\))? \| 0 failed/;
+/**
+ * The summary line `deno test` prints last, matched at the end of the output only (a passing
+ * summary printed earlier, by a test, say, does not count).
+ */
+const SUMMARY = /ok \| (\d+) passed(?: \(\d+ steps?\))? \| 0 failed[^\n]*\s*$/;
 
 /**
  * Runs `deno test <args>` with `env` added, its output teed to this process; resolves to an exit
  * code (0 = pass), counting wgpu's crash at exit after a passing summary as a pass.
  */
-export async function denoTest(
+export function denoTest(
   args: string[],
   env: Record<string, string>,
   label: string,
 ): Promise<number> {
-  const child = new Deno.Command(Deno.execPath(), {
-    args: ["test", ...args],
+  return runTests(Deno.execPath(), ["test", ...args], env, label);
+}
+
+/**
+ * Runs `command args` (a test run that ends with `deno test`'s summary line), as
+ * {@linkcode denoTest} does; exported for its tests.
+ */
+export async function runTests(
+  command: string,
+  args: string[],
+  env: Record<string, string>,
+  label: string,
+): Promise<number> {
+  const child = new Deno.Command(command, {
+    args,
     env: { ...env, NO_COLOR: "1" }, // plain text: the summary is matched
     stdout: "piped",
     stderr: "inherit",

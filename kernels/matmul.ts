@@ -11,10 +11,11 @@
  *   launch shape from {@linkcode smallTuning}.
  * - `rows` (kernels/matmul_rows.wgsl): decode batches of 12–64 rows against 16-bit W at least
  *   4 times wider than deep (gate/up, the LM head), and of 25–48 rows against any other 16-bit W
- *   (QKV, o, down). A thread holds all rows of an 8-, 16-, 24- or 32-row tile for 4 columns:
- *   each 16-byte load of W (from global memory, never staged) is widened once and applied to
- *   every row, whose x comes from workgroup memory as a broadcast. Always two dispatches (K
- *   splits, then the `tiled` kernel's `reduce`); launch shape from {@linkcode rowsTuning}.
+ *   (QKV, o, down). A thread holds all rows of an 8-, 16-, 24- or 32-row tile for 4 or 8
+ *   columns: each 16-byte load of W (from global memory, never staged) is widened once and
+ *   applied to every row, whose x comes from workgroup memory as a broadcast. Always two
+ *   dispatches (K splits, then the `tiled` kernel's `reduce`); launch shape from
+ *   {@linkcode rowsTuning}.
  * - `tiled` (kernels/matmul.wgsl): where `rows` does not serve over 48 rows (prefill chunks;
  *   QKV, o and down at 49–64 rows), f32 W, and below `rows`' range: QKV (wider than deep) from
  *   22 rows (`WIDE_TILED_M`), o and down from 17 (`DEEP_TILED_M`). Classic SGEMM register
@@ -276,9 +277,10 @@ const WIDE_TILED_M = 22;
  * at M = 16 26.8 vs 37.7, M = 17 / 20 / 24 44.6 / 43.9 / 44.8 vs 38.0 / 38.1 / 38.1, M = 28 /
  * 32 39.5 / 39.9 vs 38.4 / 38.6; earlier, at M = 33 / 48 / 64 (`tiled` in 8 splits, see
  * {@linkcode tiledTuning}): o 33.6 / 34.7 / 32.6 vs 29.1 / 28.9 / 29.3, down 64.2 / 67.4 / 70.0
- * vs 62.7 / 62.5 / 62.8 (`small` steps up again at 56: 39.2, 75.0). In the engine's step the gain is larger than these calls say:
- * batch 32 4.87 → 4.50 ms per step in one pass, the bench +9–13 % at batches 17–32 (BENCHMARKS.md,
- * a1e3973). Measured with 16-bit W only; f32 W follows the same rule.
+ * vs 62.7 / 62.5 / 62.8 (`small` steps up again at 56: 39.2, 75.0). In the engine's step the
+ * gain is larger than these calls say: batch 32 4.87 → 4.50 ms per step in one pass, the bench
+ * +9–13 % at batches 17–32 (BENCHMARKS.md, a1e3973). Measured with 16-bit W only; f32 W follows
+ * the same rule.
  */
 const DEEP_TILED_M = 17;
 

@@ -125,11 +125,11 @@ export function formatBursts(sizes: number[]): string {
 /** `setTimeout(0)` p50 / p95 / max per batch size. */
 function lagRow(
   batch: number[],
-  lag: Record<string, { p50: number; p95: number; max?: number }>,
+  lag: Record<string, { p50: number; p95: number; max: number }>,
 ): string {
   return batch.map((b) => {
     const l = lag[b];
-    return l ? [l.p50, l.p95, l.max ?? NaN].map((x) => x.toFixed(1)).join(" / ") : "-";
+    return l ? [l.p50, l.p95, l.max].map((x) => x.toFixed(1)).join(" / ") : "-";
   }).join(", ") + ` ms  (batch ${batch.join(", ")})`;
 }
 

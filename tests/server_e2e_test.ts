@@ -1,9 +1,10 @@
 /**
  * End to end: the real server (`Deno.serve` on a random port) with the real engine on a small
- * random test model, in a worker thread as `main.ts serve` runs it (engine/worker_engine.ts), driven by the official `openai` client and Deno's WebSocket: completions and
- * chat, streaming or not, n > 1, logprobs, seeds, stop strings, typed client errors, the
- * WebSocket protocol (stream, cancel, two conversations, bad messages), client disconnects, and
- * 16 concurrent streams that must equal the same requests run one at a time.
+ * random test model, in a worker thread as `main.ts serve` runs it (engine/worker_engine.ts),
+ * driven by the official `openai` client and Deno's WebSocket: completions and chat, streaming or
+ * not, n > 1, logprobs, seeds, stop strings, typed client errors, the WebSocket protocol (stream,
+ * cancel, two conversations, bad messages), client disconnects, and 16 concurrent streams that
+ * must equal the same requests run one at a time.
  */
 import assert from "node:assert/strict";
 import OpenAI from "openai";

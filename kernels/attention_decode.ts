@@ -1,48 +1,60 @@
 /**
  * Decode attention for a ragged batch, with the new token's RoPE and KV-cache write folded in
- * (rope_kv's work at decode, without its dispatch): each workgroup step takes a chunk of 64 keys
- * (4 threads per key, online softmax, no long serial loops), in one pass or split along the KV
- * length (flash-decoding) with a parallel `combine`, as {@linkcode decodePlan}'s cost model
- * decides. See kernels/attention_decode.wgsl for the kernel and why it looks this way.
+ * (rope_kv's work at decode, without its dispatch): each workgroup of 256, 128 or 64 threads steps
+ * through chunks of `threads / 4` keys (4 threads per key, online softmax, no long serial loops),
+ * in one pass or split along the KV length (flash-decoding) with a parallel `combine`, as
+ * {@linkcode decodePlan}'s cost model decides. See kernels/attention_decode.wgsl for the kernel
+ * and why it looks this way.
  *
  * The plan's constants were fitted on the H200 (132 SMs). Compare them with `deno run -A
  * scripts/sweep_kernels.ts --m "" --batches 1,8,24,32 --contexts 640,2048 --attn-variants '[{},
- * {"splitSize": 320, "minRowGroups": 2}, {"splitSize": 64}, {"splitSize": 1e9}]'` (the plan,
- * 2 splits of two row groups at 640 keys, one split per 64-key chunk, single pass).
+ * {"threads": 256, "splitSize": 320, "minRowGroups": 2}, {"threads": 64, "splitSize": 80}]'` (the
+ * plan; 2 splits of 256 threads in two row groups; 8 splits of 64 threads at 640 keys).
  */
 import type { KvDtype } from "../engine/dtype.ts";
 import { createStorage, type Gpu, isCpuAdapter } from "../engine/gpu.ts";
 import { bindGroup, type Dispatch, params, pipeline, uniform, wgsl } from "./dispatch.ts";
 
-/** Threads of `main`, largest first (the first that fits the budget wins). */
+/** Threads of `main`, largest first (the plan's, or fewer where the memory budget is short). */
 const THREADS = [256, 128, 64];
 /** Threads per key when scoring (`TPK`): a chunk is `wg / 4` keys. */
 const TPK = 4;
-/** Keys per chunk that the split heuristic counts in (the GPU chunk). */
+/** Keys per chunk of 256 threads: the unit of `SERIAL_CHUNKS`. */
 const CHUNK = 64;
 /**
- * Chunks per slot at `maxContext` up to which one pass is kept even for one slot: four serial
- * chunks should cost about what a second dependent dispatch does (~2 µs on the H200).
+ * Chunks per slot at `maxContext` up to which one pass of 256 threads is kept even for one slot:
+ * four serial chunks should cost about what a second dependent dispatch does (~2 µs on the H200).
  */
 const SERIAL_CHUNKS = 4;
 /**
  * The launch plan's cost model ({@linkcode decodePlan}), fitted on the H200 (132 SMs). `main`
  * holds ROWS accumulators per thread, so its registers, not its workgroup memory, cap how many
- * workgroups an SM runs at once: two at 5–8 rows, three at up to 4 (`RESIDENT`). A launch past
- * that many is a second wave. A workgroup's time is `WG_FIXED` plus its chunks, each costing
- * `1 + rows / ROW_WEIGHT` (the keys are read and scored whatever the rows; each row adds a
- * little). The model's best plan was the measured best at all 20 points of a sweep of every
- * split count and row grouping (`scripts/sweep_kernels.ts`, batches 1–64 at contexts 640 and
- * 2048, TinyLlama heads; see BENCHMARKS.md), where the rule before it lost 84 µs per layer summed
- * over them (24 slots at 640 keys: 37.5 µs in 3 splits, 30.3 in 2 splits of two row groups; 48
- * slots: 59.8 in 2 splits, 46.5 in one pass of two row groups; 24 slots at 2048 keys: 97.3 in 3
- * splits, 71.3 in 8). In a second sweep (15 batch sizes at 768 keys, six at 4096) its plan was
- * within 0.4 µs of the best everywhere.
+ * workgroups an SM runs at once (`resident`, at 5–8 rows and at up to 4); a launch past that many
+ * is a second wave. A workgroup's time is its `fixed` cost plus its chunks (`wg / 4` keys each),
+ * each costing `chunk · (1 + rows / ROW_WEIGHT)` (the keys are read and scored whatever the rows;
+ * each row adds a little); each split adds `SPLIT_COST` to `combine`.
+ *
+ * Fitted (by the sum over the points of the measured time of the model's pick less the best's)
+ * on a sweep of every thread count, row grouping and split count of `SPLITS`
+ * (`scripts/sweep_kernels.ts`, 1 309 launches, TinyLlama heads): the model picks the measured
+ * best at all 16 points (batches 1–64 at 640 and 2 048 keys; 683 µs per layer summed, where the
+ * plan of 256 threads before it took 759). Checked on a second sweep of 15 other points (768,
+ * 1 024, 1 536 and 4 096 keys): 1.1 µs per layer from the best summed over them (668 against
+ * 759). Smaller workgroups win from 8 slots up: 128 threads in 5 splits at 32 slots and 640 keys
+ * (31.3 µs against 35.0), 64 threads in 8 splits at 2 048 keys (71.8 against 82.5). The model is
+ * brittle off its fit (a sixth resident workgroup of 128 threads costs 329 µs over the 31 points),
+ * so refit it on another GPU; see BENCHMARKS.md.
  */
 const SMS = 132;
-const RESIDENT = (rows: number) => rows > 4 ? 2 : 3;
-const WG_FIXED = 1;
-const ROW_WEIGHT = 24;
+const COST: Record<number, { resident: [number, number]; fixed: number; chunk: number }> = {
+  256: { resident: [2, 3], fixed: 0.75, chunk: 1 },
+  128: { resident: [5, 6], fixed: 0.75, chunk: 0.91 },
+  64: { resident: [8, 8], fixed: 2, chunk: 0.63 },
+};
+const ROW_WEIGHT = 12;
+const SPLIT_COST = 0.005;
+/** Split counts the plan weighs (those its sweeps measured). */
+const SPLITS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64];
 /** Row groupings the plan weighs (workgroups per kv head, before the memory budget). */
 const ROW_GROUPS = [1, 2, 4];
 /** Most splits (`combine` loads one (m, l) per thread). */
@@ -118,6 +130,8 @@ export interface AttentionDecodeScratchOptions {
    * {@linkcode decodePlan}).
    */
   minRowGroups?: number;
+  /** Threads of `main` at most: 256, 128 or 64. Default: the plan's (see {@linkcode decodePlan}). */
+  threads?: number;
 }
 
 /** Shape of {@linkcode attentionDecodeDispatches}. */
@@ -150,58 +164,70 @@ export interface DecodePlan {
   splits: number;
   /** Workgroups per kv head asked of {@linkcode attentionDecodeGeometry} (`minRowGroups`). */
   rowGroups: number;
+  /** Threads of `main` at most, asked of {@linkcode attentionDecodeGeometry} (`threads`). */
+  threads: number;
 }
 
 /**
- * Chooses splits and row groups by the cost model above (`SMS` … `ROW_WEIGHT`): each pair's
- * workgroups `splits · rowGroups · nKvHeads · seqs` run in waves of `SMS · RESIDENT(rows)`, each
- * wave as long as one workgroup's `WG_FIXED + ceil(chunks / splits) · (1 + rows / ROW_WEIGHT)`
- * (chunks of 64 keys of `maxContext`); the cheapest wins, ties to fewer workgroups. Up to
- * `SERIAL_CHUNKS` chunks keep one pass. A `splitSize` or `minRowGroups` given fixes that half.
- * Rows are counted as on a GPU (all q heads of a kv head in one workgroup up to 8); where the
- * memory budget allows fewer (llvmpipe through GL) the geometry adds row groups, which changes
- * the cost but not the correctness.
+ * Chooses threads, splits and row groups by the cost model above (`SMS` … `SPLITS`): each
+ * choice's workgroups `splits · rowGroups · nKvHeads · seqs` run in waves of `SMS · resident`,
+ * each wave as long as one workgroup's `fixed + ceil(chunks / splits) · chunk · (1 + rows /
+ * ROW_WEIGHT)` (chunks of `threads / 4` keys of `maxContext`), plus `SPLIT_COST · splits` with a
+ * `combine`; the cheapest wins, ties to fewer threads in all. Up to `SERIAL_CHUNKS` chunks of 64
+ * keys keep one pass of 256 threads. A `splitSize`, `minRowGroups` or `threads` given fixes that
+ * part. Rows are counted as on a GPU (all q heads of a kv head in one workgroup up to 8); where
+ * the memory budget allows fewer rows or threads (llvmpipe through GL) the geometry adds row
+ * groups or takes fewer threads, which changes the cost but not the correctness.
  *
- * @throws Error ("internal error") on a `splitSize` that is not an integer ≥ 1.
+ * @throws Error ("internal error") on a `splitSize` that is not an integer ≥ 1, or `threads`
+ * other than 256, 128 or 64.
  * @example
- * decodePlan({ seqs: 24, nHeads: 32, nKvHeads: 4, headDim: 64, maxContext: 640 });
- * // { splits: 2, rowGroups: 2 }
+ * decodePlan({ seqs: 32, nHeads: 32, nKvHeads: 4, headDim: 64, maxContext: 640 });
+ * // { splits: 5, rowGroups: 1, threads: 128 }
  */
 export function decodePlan(opts: AttentionDecodeScratchOptions): DecodePlan {
   const cap = Math.min(MAX_SPLITS, CMAX * Math.floor(CWG / (opts.headDim / 4)));
   const context = Math.max(1, opts.maxContext);
-  const chunks = Math.ceil(context / CHUNK);
-  let splitChoices: number[];
-  if (opts.splitSize !== undefined) {
-    if (!(Number.isInteger(opts.splitSize) && opts.splitSize >= 1)) {
-      throw new Error(
-        `internal error: decode splitSize must be an integer ≥ 1; got ${opts.splitSize}`,
-      );
-    }
-    splitChoices = [Math.max(1, Math.min(cap, Math.ceil(context / opts.splitSize)))];
-  } else if (chunks <= SERIAL_CHUNKS) {
-    splitChoices = [1];
-  } else {
-    splitChoices = Array.from({ length: Math.min(cap, chunks) }, (_, i) => i + 1);
+  if (opts.splitSize !== undefined && !(Number.isInteger(opts.splitSize) && opts.splitSize >= 1)) {
+    throw new Error(
+      `internal error: decode splitSize must be an integer ≥ 1; got ${opts.splitSize}`,
+    );
   }
+  if (opts.threads !== undefined && !THREADS.includes(opts.threads)) {
+    throw new Error(`internal error: decode threads must be 256, 128 or 64; got ${opts.threads}`);
+  }
+  const serial = opts.splitSize === undefined && Math.ceil(context / CHUNK) <= SERIAL_CHUNKS;
+  const threadChoices = opts.threads !== undefined ? [opts.threads] : serial ? [256] : THREADS;
   const group = Math.max(1, Math.floor(opts.nHeads / opts.nKvHeads));
   const groupChoices = opts.minRowGroups !== undefined
     ? [opts.minRowGroups]
     : ROW_GROUPS.filter((g, i) => i === 0 || g <= group);
-  let best: DecodePlan & { cost: number; workgroups: number } | undefined;
-  for (const splits of splitChoices) {
-    for (const asked of groupChoices) {
-      const groups = leastRowGroups(group, asked);
-      const rows = Math.ceil(group / groups);
-      const workgroups = splits * groups * opts.nKvHeads * opts.seqs;
-      const waves = Math.ceil(workgroups / (SMS * RESIDENT(rows)));
-      const cost = waves * (WG_FIXED + Math.ceil(chunks / splits) * (1 + rows / ROW_WEIGHT));
-      if (
-        !best || cost < best.cost || (cost === best.cost && workgroups < best.workgroups)
-      ) best = { splits, rowGroups: asked, cost, workgroups };
+  let best: DecodePlan & { cost: number; size: number } | undefined;
+  for (const threads of threadChoices) {
+    const chunks = Math.ceil(context / (threads / TPK));
+    const splitChoices = opts.splitSize !== undefined
+      ? [Math.max(1, Math.min(cap, Math.ceil(context / opts.splitSize)))]
+      : serial
+      ? [1]
+      : SPLITS.filter((n) => n <= Math.min(cap, chunks));
+    const { resident, fixed, chunk } = COST[threads];
+    for (const splits of splitChoices) {
+      for (const asked of groupChoices) {
+        const groups = leastRowGroups(group, asked);
+        const rows = Math.ceil(group / groups);
+        const workgroups = splits * groups * opts.nKvHeads * opts.seqs;
+        const waves = Math.ceil(workgroups / (SMS * resident[rows > 4 ? 0 : 1]));
+        const cost =
+          waves * (fixed + Math.ceil(chunks / splits) * chunk * (1 + rows / ROW_WEIGHT)) +
+          (splits > 1 ? SPLIT_COST * splits : 0);
+        const size = workgroups * threads;
+        if (!best || cost < best.cost || (cost === best.cost && size < best.size)) {
+          best = { splits, rowGroups: asked, threads, cost, size };
+        }
+      }
     }
   }
-  return { splits: best!.splits, rowGroups: best!.rowGroups };
+  return { splits: best!.splits, rowGroups: best!.rowGroups, threads: best!.threads };
 }
 
 /**
@@ -244,6 +270,8 @@ export interface AttentionDecodeGeometryOptions {
   maxBytes?: number;
   /** Workgroups per kv head at least (default 1), at most `group`. */
   minRowGroups?: number;
+  /** Threads at most (default 256). */
+  threads?: number;
 }
 
 /**
@@ -271,7 +299,7 @@ export function attentionDecodeGeometry(
   const slow = !gpu.hasF16 && isCpuAdapter(gpu);
   const budget = opts.maxBytes ??
     Math.min(gpu.maxWorkgroupStorage, slow ? SLOW_COMPILE_BYTES : GPU_BYTES);
-  for (const wg of THREADS) {
+  for (const wg of THREADS.filter((t) => t <= (opts.threads ?? THREADS[0]))) {
     const keys = wg / TPK, kg = Math.floor(wg / d4);
     if (kg < 1 || Math.ceil(keys / kg) > VMAX) continue;
     const first = leastRowGroups(group, opts.minRowGroups ?? 1);
@@ -357,12 +385,13 @@ export function attentionDecodeDispatches(
   if (!(layer >= 0 && layer < nLayers && maxBlocks >= 1)) {
     throw new Error(`internal error: decode attention layer ${layer} of ${nLayers}`);
   }
-  const { splits, rowGroups } = decodePlan(opts);
+  const { splits, rowGroups, threads } = decodePlan(opts);
   const geo = attentionDecodeGeometry(gpu, {
     headDim: D,
     group,
     maxBytes: opts.maxTileBytes,
     minRowGroups: rowGroups,
+    threads,
   });
   const bytes = attentionDecodeScratchBytes(opts);
   if (bytes > gpu.maxBinding) {

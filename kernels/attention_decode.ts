@@ -55,6 +55,8 @@ const ROW_WEIGHT = 12;
 const SPLIT_COST = 0.005;
 /** Split counts the plan weighs (those its sweeps measured). */
 const SPLITS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64];
+/** Most scratch a plan may take: the binding limit of our smallest targets (DESIGN.md). */
+const MAX_SCRATCH = 128 * 2 ** 20;
 /** Row groupings the plan weighs (workgroups per kv head, before the memory budget). */
 const ROW_GROUPS = [1, 2, 4];
 /** Most splits (`combine` loads one (m, l) per thread). */
@@ -173,7 +175,8 @@ export interface DecodePlan {
  * choice's workgroups `splits · rowGroups · nKvHeads · seqs` run in waves of `SMS · resident`,
  * each wave as long as one workgroup's `fixed + ceil(chunks / splits) · chunk · (1 + rows /
  * ROW_WEIGHT)` (chunks of `threads / 4` keys of `maxContext`), plus `SPLIT_COST · splits` with a
- * `combine`; the cheapest wins, ties to fewer threads in all. Up to `SERIAL_CHUNKS` chunks of 64
+ * `combine`; the cheapest wins, ties to fewer threads in all. Split counts whose partials would
+ * take over 128 MiB are left out. Up to `SERIAL_CHUNKS` chunks of 64
  * keys keep one pass of 256 threads. A `splitSize`, `minRowGroups` or `threads` given fixes that
  * part. Rows are counted as on a GPU (all q heads of a kv head in one workgroup up to 8); where
  * the memory budget allows fewer rows or threads (llvmpipe through GL) the geometry adds row
@@ -209,7 +212,9 @@ export function decodePlan(opts: AttentionDecodeScratchOptions): DecodePlan {
       ? [Math.max(1, Math.min(cap, Math.ceil(context / opts.splitSize)))]
       : serial
       ? [1]
-      : SPLITS.filter((n) => n <= Math.min(cap, chunks));
+      : SPLITS.filter((n) =>
+        n <= Math.min(cap, chunks) && (n === 1 || scratchBytes(opts, n) <= MAX_SCRATCH)
+      );
     const { resident, fixed, chunk } = COST[threads];
     for (const splits of splitChoices) {
       for (const asked of groupChoices) {
@@ -241,7 +246,12 @@ export function decodePlan(opts: AttentionDecodeScratchOptions): DecodePlan {
  */
 export function attentionDecodeScratchBytes(opts: AttentionDecodeScratchOptions): number {
   const n = decodePlan(opts).splits;
-  return n === 1 ? 0 : opts.seqs * opts.nHeads * n * (opts.headDim + 4) * 4;
+  return n === 1 ? 0 : scratchBytes(opts, n);
+}
+
+/** Bytes of the partials of `n` splits. */
+function scratchBytes(opts: AttentionDecodeScratchOptions, n: number): number {
+  return opts.seqs * opts.nHeads * n * (opts.headDim + 4) * 4;
 }
 
 /** Workgroup shape of `main` (the WGSL's override constants). */
@@ -275,10 +285,10 @@ export interface AttentionDecodeGeometryOptions {
 }
 
 /**
- * Picks the largest workgroup whose memory fits, all q heads of a kv head (up to 8) before fewer
- * rows, before fewer threads: q `rows · D` floats, the partial scores `rows · keys` vec4s (shared
- * with one round of the final sum, `rpr · wg` vec4s), the scores `rows · keys` floats, and small
- * change. The GL budget gives one or two rows of 32 or 16 keys, which only has to be correct.
+ * Picks the largest workgroup of at most `threads` whose memory fits, all q heads of a kv head
+ * (up to 8) before fewer rows, before fewer threads: q `rows · D` floats, the partial scores
+ * `rows · keys` vec4s (shared with one round of the final sum, `rpr · wg` vec4s), the scores
+ * `rows · keys` floats, and small change. The GL budget gives one or two rows of 32 or 16 keys, which only has to be correct.
  *
  * @throws Error ("internal error") when headDim is not a multiple of 4 up to 256, or nothing
  * fits the budget.

@@ -692,6 +692,16 @@ Deno.test("attention decode plan: the H200 sweep's best launches", () => {
   assert.equal(decodePlan({ ...tiny, maxContext: 2048, threads: 64 }).threads, 64);
   assert.equal(decodePlan({ ...tiny, maxContext: 2048, splitSize: 100 }).splits, 21);
   assert.throws(() => decodePlan({ ...tiny, threads: 96 }), /threads/);
+  // Partials stay within a 128 MiB binding (without that cap, 64 q heads of 128 at 256 slots and
+  // 32 768 keys took 20 splits: 165 MiB).
+  for (const [nHeads, nKvHeads, headDim] of [[32, 4, 64], [64, 8, 128], [32, 8, 128]]) {
+    for (const seqs of [64, 128, 256, 512]) {
+      for (const maxContext of [8192, 32768]) {
+        const big = { seqs, nHeads, nKvHeads, headDim, maxContext };
+        assert.ok(attentionDecodeScratchBytes(big) <= 128 * 2 ** 20, JSON.stringify(big));
+      }
+    }
+  }
 });
 
 Deno.test("attention decode geometry: rows per workgroup, and the least row groups asked", () => {

@@ -4,6 +4,7 @@
  *   deno task start [--model DIR] [--host H] [--port N] [--api-key KEY] [--kv PATH]
  *   deno task generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *                      [--temperature T] [--seed S] [--json] [--kv-dtype f32|f16]
+ *                      [--context-length N]
  */
 import { parseArgs } from "node:util";
 import { Engine } from "./engine/engine.ts";
@@ -21,7 +22,7 @@ const USAGE = `usage:
                    [--max-body-bytes N] [--kv-dtype f32|f16] [--kv-blocks N]
   main.ts generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
                    [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
-                   [--stop STR] [--chat] [--json] [--kv-dtype f32|f16]
+                   [--stop STR] [--chat] [--json] [--kv-dtype f32|f16] [--context-length N]
 --kv PATH keeps sessions (tokens and KV blocks) in Deno KV at PATH across restarts.
 --kv-dtype f16 holds the KV cache in half the memory (K and V rounded to f16); default f32.
 --kv-blocks N sizes the GPU KV pool in 16-token blocks (default 4096 f32 blocks' worth of memory,
@@ -61,6 +62,7 @@ async function generate(args: string[]): Promise<void> {
       chat: { type: "boolean" },
       json: { type: "boolean" },
       "kv-dtype": { type: "string" },
+      "context-length": { type: "string" },
     },
   });
   if ((v.prompt === undefined) === (v["prompt-ids"] === undefined)) {
@@ -69,6 +71,9 @@ async function generate(args: string[]): Promise<void> {
   const engine = await Engine.load(v.model ?? Deno.env.get("STRATA_MODEL") ?? DEFAULT_MODEL, {
     maxSlots: 1,
     kvDtype: parseKvDtype(v["kv-dtype"] ?? (Deno.env.get("STRATA_KV_DTYPE") || undefined)),
+    contextLength: v["context-length"] !== undefined
+      ? int("context-length", v["context-length"], 0)
+      : undefined,
   });
   status(`model ${engine.modelId} on ${engine.adapterName}`);
   const promptIds = v["prompt-ids"] !== undefined

@@ -8,6 +8,11 @@
  * token, steps compared before a parting, and the largest |Δ logprob| over those steps.
  *
  *   deno run -A scripts/batch_check.ts --model DIR [--batch 32] [--tokens 24] [--kv-dtype f32|f16]
+ *     [--context 256] [--prompt-max 120]
+ *
+ * `--context` is the engine's context length, which picks decode attention's launch plan (one
+ * pass up to 256 keys; splits of 256-, 128- or 64-thread workgroups above, see
+ * kernels/attention_decode.ts); prompts are 1..`--prompt-max` tokens long.
  *
  * scripts/gpu_check.sh runs it on the random TinyLlama-shape model of its HF comparison.
  */
@@ -23,20 +28,28 @@ const { values: v } = parseArgs({
     batch: { type: "string", default: "32" },
     tokens: { type: "string", default: "24" },
     "kv-dtype": { type: "string", default: "f32" },
+    context: { type: "string", default: "256" },
+    "prompt-max": { type: "string", default: "120" },
   },
 });
 if (!v.model) throw new Error("batch_check: --model DIR is required");
 const batch = Number(v.batch), tokens = Number(v.tokens);
-if (!(Number.isInteger(batch) && batch >= 1 && Number.isInteger(tokens) && tokens >= 1)) {
-  throw new Error(`batch_check: --batch and --tokens must be integers >= 1`);
+const context = Number(v.context), promptMax = Number(v["prompt-max"]);
+if (![batch, tokens, context, promptMax].every((n) => Number.isInteger(n) && n >= 1)) {
+  throw new Error(
+    `batch_check: --batch, --tokens, --context and --prompt-max must be integers >= 1`,
+  );
+}
+if (promptMax + tokens > context) {
+  throw new Error(`batch_check: --prompt-max + --tokens must fit --context (${context})`);
 }
 const kvDtype = parseKvDtype(v["kv-dtype"]);
-const engine = await Engine.load(v.model, { maxSlots: batch, contextLength: 256, kvDtype });
+const engine = await Engine.load(v.model, { maxSlots: batch, contextLength: context, kvDtype });
 const vocab = engine.decoder.cfg.vocabSize;
-// Ragged prompts of 1..120 tokens, so the batch's slots sit at different positions.
+// Ragged prompts of 1..promptMax tokens, so the batch's slots sit at different positions.
 const prompts = Array.from(
   { length: batch },
-  (_, i) => promptMaker(vocab, 1 + ((i * 37) % 120), 1000 + i)(),
+  (_, i) => promptMaker(vocab, 1 + ((i * 37) % promptMax), 1000 + i)(),
 );
 const run = async (ids: number[]) => {
   const gen = engine.generate({
@@ -65,6 +78,7 @@ console.log(JSON.stringify({
   adapter: engine.gpu.adapterName,
   batch,
   kv_dtype: kvDtype,
+  context,
   tokens,
   identical_sequences: identical,
   steps_compared: steps,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: strata vs HF transformers on random TinyLlama- and Qwen2-shape models (the
-# TinyLlama one also with an f16 KV cache) and on the default model, batch 32 against batch 1
-# (scripts/batch_check.ts), then `deno task bench` on the TinyLlama shape. Prepare here with
+# TinyLlama one also with an f16 KV cache and at a context of 768) and on the default model, batch
+# 32 against batch 1 (scripts/batch_check.ts, contexts 256 and 768), then `deno task bench` on the
+# TinyLlama shape. Prepare here with
 # `bash ../shared/gpu/prepare.sh && deno install && bash scripts/gpu_trim_modules.sh` and carry
 # [".gpu"] (the whole node_modules/ does not fit in the device tool's 64 MiB).
 # Usage: bash scripts/gpu_check.sh   (results under $OUT: *.json, log.txt)
@@ -38,6 +39,17 @@ timeout 90 python3 scripts/hf_compare.py check --model /tmp/tinyllama \
 log "batch check: batch 32 against alone, tinyllama shape"
 timeout 150 bash .gpu/run.sh run -A --cached-only scripts/batch_check.ts --model /tmp/tinyllama --batch 32 \
   --tokens 24 2>>"$out/log.txt" | tee "$out/batch_check.json" | tee -a "$out/log.txt"
+# At a context of 768 decode attention takes smaller workgroups: 128 threads in 24 splits alone,
+# 64 threads in 8 splits at batch 32 (kernels/attention_decode.ts, decodePlan).
+log "hf_compare tinyllama, context 768"
+timeout 90 bash .gpu/run.sh run -A --cached-only main.ts generate --model /tmp/tinyllama --context-length 768 \
+  --prompt "$long $long $long" --max-tokens 24 --json > "$out/tinyllama_ctx768_strata.json" 2>>"$out/log.txt"
+timeout 90 python3 scripts/hf_compare.py check --model /tmp/tinyllama \
+  --strata "$out/tinyllama_ctx768_strata.json" 2>&1 | tail -1 | tee -a "$out/log.txt"
+log "batch check: batch 32 against alone, context 768, prompts up to 600 tokens"
+timeout 150 bash .gpu/run.sh run -A --cached-only scripts/batch_check.ts --model /tmp/tinyllama --batch 32 \
+  --tokens 24 --context 768 --prompt-max 600 2>>"$out/log.txt" | tee "$out/batch_check_ctx768.json" |
+  tee -a "$out/log.txt"
 log "hf_compare default model"
 timeout 60 bash .gpu/run.sh run -A --cached-only main.ts generate --prompt "The king said" --max-tokens 40 --json \
   > "$out/default_strata.json" 2>>"$out/log.txt"

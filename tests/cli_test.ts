@@ -1,0 +1,49 @@
+/**
+ * `main.ts generate` as a user runs it: a real child process on the embedded default model, its
+ * JSON on stdout, its errors on stderr with a failing exit code.
+ */
+import assert from "node:assert/strict";
+
+const MAIN = new URL("../main.ts", import.meta.url).pathname;
+
+async function generate(...args: string[]) {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", MAIN, "generate", ...args],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const dec = new TextDecoder();
+  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+Deno.test("generate: --context-length bounds prompt + max tokens; bad values are refused", async () => {
+  const ok = await generate(
+    "--prompt-ids",
+    "1,2,3",
+    "--max-tokens",
+    "4",
+    "--context-length",
+    "7",
+    "--json",
+  );
+  assert.equal(ok.code, 0, ok.stderr);
+  const json = JSON.parse(ok.stdout);
+  console.log(`adapter: ${json.adapter}`);
+  assert.equal(json.tokens.length, 4);
+  assert.equal(json.finish_reason, "length");
+
+  const long = await generate(
+    "--prompt-ids",
+    "1,2,3",
+    "--max-tokens",
+    "5",
+    "--context-length",
+    "7",
+  );
+  assert.notEqual(long.code, 0);
+  assert.match(long.stderr, /exceeds the context length of 7 tokens/);
+
+  const bad = await generate("--prompt-ids", "1,2,3", "--context-length", "long");
+  assert.notEqual(bad.code, 0);
+  assert.match(bad.stderr, /--context-length must be an integer; got 'long'/);
+});

@@ -1,8 +1,8 @@
 /**
  * Does a sequence decode the same alone as in a batch? On a GPU the batch size picks the matmul
- * kernels (`small` at batch 1; `tiled` with K split over workgroups for QKV, gate/up and the LM
- * head from 24 rows and for every product from 33, see kernels/matmul.ts), so batch 1 and a
- * batch of 32 or 48 add their products in different orders.
+ * kernels and their K splits (`small` at batch 1; `rows` and `tiled` for larger batches, see
+ * kernels/matmul.ts) and decode attention's launch (kernels/attention_decode.ts), so batch 1 and
+ * a batch of 32 or 48 add their products in different orders.
  * Greedy tokens may then part at a near-tie; until they do, the logprobs of the chosen tokens
  * must agree to float rounding. Prints one JSON line: sequences compared, how many kept every
  * token, steps compared before a parting, and the largest |Δ logprob| over those steps.

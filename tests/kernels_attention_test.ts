@@ -651,9 +651,9 @@ Deno.test("attention decode: the launch plan on the shapes it was fitted on", as
 });
 
 Deno.test("attention decode plan: the H200 sweep's best launches", () => {
-  // Threads, row groups and splits the sweep measured fastest (BENCHMARKS.md, 2026-12-01), all
-  // picked by the model; at 768 keys and 32 slots it is 0.6 µs off (35.8 against 35.2 µs for
-  // 128 threads in 5 splits).
+  // Threads / row groups / splits that the sweeps measured fastest (BENCHMARKS.md, 2026-12-01)
+  // and the model picks; at 32 slots and 768 keys the row holds the model's pick, 0.6 µs per
+  // layer off the best (35.8 against 35.2 µs for 128 threads in 5 splits).
   const best: [number, number, string][] = [
     [1, 640, "128/4/20"],
     [4, 640, "128/2/20"],

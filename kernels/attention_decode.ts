@@ -403,7 +403,7 @@ export function attentionDecodeDispatches(
     minRowGroups: rowGroups,
     threads,
   });
-  const bytes = attentionDecodeScratchBytes(opts);
+  const bytes = splits === 1 ? 0 : scratchBytes(opts, splits);
   if (bytes > gpu.maxBinding) {
     throw new Error(
       `internal error: decode scratch of ${bytes} bytes exceeds the ${gpu.maxBinding}-byte ` +

@@ -339,6 +339,15 @@ const THREE_SPLITS = {
   splitSize: 16,
 };
 const RAGGED = [640, 1, 0, 77, 129, 16, 17, 300];
+// GQA 8 at head dim 128, four slots around the 16-key block edges, slot 0 finished.
+const HEADS_128 = {
+  nHeads: 16,
+  nKvHeads: 2,
+  headDim: 128,
+  seqLens: [1, 16, 17, 129],
+  done: [0],
+  maxContext: 256,
+};
 for (
   const c of [
     {
@@ -391,16 +400,7 @@ for (
     },
     // MQA, 16 q heads: two row groups over five splits.
     { nHeads: 16, nKvHeads: 1, headDim: 128, seqLens: [300, 5], done: [1], maxContext: 300 },
-    {
-      nHeads: 16,
-      nKvHeads: 2,
-      headDim: 128,
-      seqLens: [1, 16, 17, 129],
-      done: [0],
-      maxContext: 256,
-      splitSize: 32,
-      llama3: true,
-    },
+    { ...HEADS_128, splitSize: 32, llama3: true },
     { nHeads: 4, nKvHeads: 2, headDim: 256, seqLens: [100, 37], maxContext: 128, splitSize: 64 },
     // An f16 cache: GQA 8 ragged in a single pass and split, head dim 24 (a pair straddles vec4s).
     {
@@ -432,16 +432,7 @@ for (
       threads: 64,
       kvDtype: "f16",
     },
-    {
-      nHeads: 16,
-      nKvHeads: 2,
-      headDim: 128,
-      seqLens: [1, 16, 17, 129],
-      done: [0],
-      maxContext: 256,
-      splitSize: 48,
-      threads: 64,
-    },
+    { ...HEADS_128, splitSize: 48, threads: 64 },
     { nHeads: 4, nKvHeads: 2, headDim: 256, seqLens: [100, 37], maxContext: 128, threads: 128 },
   ] as DecodeCase[]
 ) {

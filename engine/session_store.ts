@@ -4,6 +4,17 @@
  * of their bytes, split into values under Deno KV's 64 KiB limit), written first; then one atomic
  * commit replaces the session's small manifest. Restore verifies every chunk's hash and keeps the
  * longest valid prefix of blocks.
+ *
+ * Tiers (DESIGN.md): a chunk lives in Deno KV (warm) or in a file of the cold folder (cold). Each
+ * chunk has a small record, `["kvmeta", hash, width]`: where it is, its packed size and when a
+ * snapshot last wrote or reused it. {@linkcode SessionStore.maintain} deletes the chunks no
+ * manifest refers to (once they are older than a grace period: a snapshot writes its chunks
+ * before its manifest), and while the warm chunks take more than their budget it moves those of
+ * the least recently updated sessions to files: the file is written (and synced) under a temporary
+ * name and renamed, then one atomic commit, checked against the record, flips the record and
+ * deletes the chunk's values. Every step leaves a whole copy somewhere; a snapshot that reuses a
+ * chunk rewrites its record first, so a move or a deletion that read the old record fails its
+ * check. Restore reads a chunk from Deno KV, else from its file.
  */
 import xxhash from "xxhash-wasm";
 import { inflateSync } from "fflate";
@@ -114,6 +125,38 @@ const PART = 60_000;
  */
 const PARTS_PER_COMMIT = 12;
 
+/** Packed bytes of chunks kept in Deno KV before older sessions' chunks go to files: 512 MiB. */
+export const WARM_BYTES = 512 * 2 ** 20;
+/** How long a chunk no manifest refers to is kept: 10 minutes. */
+export const GRACE_MS = 10 * 60_000;
+
+/** Where a chunk is: Deno KV (warm) or a file (cold). */
+export type ChunkTier = "kv" | "fs";
+
+/** The record of one chunk, `["kvmeta", hash, width]`. */
+interface ChunkMeta {
+  tier: ChunkTier;
+  /** Packed bytes (what Deno KV or the file holds). */
+  size: number;
+  /** Values it takes in Deno KV. */
+  parts: number;
+  /** When a snapshot last wrote or reused it (ms since the epoch). */
+  at: number;
+}
+
+/** Options of {@linkcode SessionStore.open}. */
+export interface SessionStoreOptions {
+  /**
+   * Folder of the cold tier. Default: the store's path + `.cold` for a local file; none for a
+   * remote Deno KV (URL), whose chunks then all stay in it.
+   */
+  coldDir?: string;
+  /** Packed bytes of chunks Deno KV keeps before moving the oldest to files (default 512 MiB). */
+  warmBytes?: number;
+  /** How long a chunk no manifest refers to is kept before it is deleted (default 10 min). */
+  graceMs?: number;
+}
+
 /** What a snapshot records about one session. */
 export interface SessionManifest {
   version: 1;
@@ -138,7 +181,8 @@ export interface SessionManifest {
 
 /**
  * A block a snapshot has already written: its manifest entry. A later snapshot of the same
- * tokens passes it instead of the bytes (chunks are never deleted, so it stays valid).
+ * tokens passes it instead of the bytes (it stays valid: the session's committed manifest refers
+ * to it until the new one does).
  */
 export type ChunkRef = SessionManifest["blocks"][number];
 
@@ -151,18 +195,69 @@ export interface RestoredSession {
 /** Snapshots of sessions in one Deno KV database (a local SQLite file or a remote KV). */
 export class SessionStore {
   readonly #packer = new Packer();
+  /** Every chunk's tier and packed size, by {@linkcode chunkKey} (as of this instance's view). */
+  readonly #chunks = new Map<string, { tier: ChunkTier; size: number }>();
+  #version = 0;
+  /** The maintenance running, if any, and whether another pass was asked for meanwhile. */
+  #maintaining?: Promise<void>;
+  #again = false;
+  #closed = false;
+  readonly coldDir?: string;
+  readonly warmBytes: number;
+  readonly graceMs: number;
+  /** Called after a maintenance pass that moved or deleted chunks (for the tiers' metrics). */
+  onTiersChange?: () => void;
 
-  private constructor(readonly kv: Deno.Kv) {}
+  private constructor(readonly kv: Deno.Kv, opts: SessionStoreOptions) {
+    this.coldDir = opts.coldDir;
+    this.warmBytes = opts.warmBytes ?? WARM_BYTES;
+    this.graceMs = opts.graceMs ?? GRACE_MS;
+  }
 
-  /** Opens (or creates) the store at `path` (a file path, or a KV Connect URL). */
-  static async open(path: string): Promise<SessionStore> {
-    return new SessionStore(await Deno.openKv(path));
+  /**
+   * Opens (or creates) the store at `path` (a file path, or a KV Connect URL), and reads its
+   * chunk records (creating those of chunks written before records existed).
+   */
+  static async open(path: string, opts: SessionStoreOptions = {}): Promise<SessionStore> {
+    const remote = /^https?:\/\//.test(path);
+    const coldDir = opts.coldDir ?? (remote ? undefined : `${path}.cold`);
+    const store = new SessionStore(await Deno.openKv(path), { ...opts, coldDir });
+    try {
+      await store.#load();
+    } catch (e) {
+      store.close();
+      throw e;
+    }
+    return store;
+  }
+
+  /** Packed bytes of the chunks in Deno KV (as of this instance's view). */
+  get warmUsed(): number {
+    let n = 0;
+    for (const c of this.#chunks.values()) if (c.tier === "kv") n += c.size;
+    return n;
+  }
+
+  #setChunk(key: string, chunk: { tier: ChunkTier; size: number }): void {
+    this.#version++;
+    this.#chunks.set(key, chunk);
+  }
+
+  /** Changes whenever a chunk's tier as {@linkcode tierOf} reports it may have changed. */
+  get version(): number {
+    return this.#version;
+  }
+
+  /** The tier of the chunk behind a manifest entry; undefined if unknown (or gone). */
+  tierOf(entry: ChunkRef): ChunkTier | undefined {
+    return entry.planes ? this.#chunks.get(chunkKey(entry.hash, entry.planes))?.tier : "kv";
   }
 
   /**
    * Writes a session: its block chunks (each K‖V block byte array, or a {@linkcode ChunkRef} to
    * one an earlier snapshot wrote), then its manifest in one atomic commit. Returns the
-   * manifest's block entries.
+   * manifest's block entries. Starts a {@linkcode maintain} pass when the warm chunks are over
+   * their budget.
    *
    * @param opts.give the blocks that are their whole buffers may be handed to the packing
    *   workers instead of copied: they read as empty afterwards
@@ -183,30 +278,57 @@ export class SessionStore {
     const entries: ChunkRef[] = [];
     for (const [i, raw] of blocks.entries()) {
       if (!(raw instanceof Uint8Array)) {
+        // Still referred to by this session's committed manifest until the new one replaces it.
         entries.push(raw);
         continue;
       }
-      const bytes = sizes[i];
       const { hash, packed: data } = await packed[i]!;
       const parts = Math.max(1, Math.ceil(data.byteLength / PART));
-      // Parts are committed in order, so the last one present means the chunk is whole (a crash
-      // between two commits of a big chunk leaves it to be written again).
-      const tail = await this.kv.get(["kvblock", hash, width, parts - 1]);
-      for (let p = 0; tail.value === null && p < parts; p += PARTS_PER_COMMIT) {
-        const op = this.kv.atomic();
-        for (let q = p; q < Math.min(parts, p + PARTS_PER_COMMIT); q++) {
-          op.set(["kvblock", hash, width, q], data.subarray(q * PART, (q + 1) * PART));
-        }
-        if (!(await op.commit()).ok) {
-          throw new Error(`internal error: chunk ${hash} did not commit`);
-        }
-      }
-      entries.push({ hash, parts, bytes, planes: width });
+      await this.#putChunk(hash, width, data, parts);
+      entries.push({ hash, parts, bytes: sizes[i], planes: width });
     }
     const manifest: SessionManifest = { ...m, version: 1, blocks: entries };
     const r = await this.kv.atomic().set(["session", m.id], manifest).commit();
     if (!r.ok) throw new Error(`internal error: snapshot of session '${m.id}' did not commit`);
+    if (this.coldDir !== undefined && this.warmUsed > this.warmBytes) void this.maintain();
     return entries;
+  }
+
+  /**
+   * Stores one chunk unless a whole copy is already there (shared by sessions, or this one's
+   * earlier snapshot). A copy found is vouched for by rewriting the chunk's record in a commit
+   * checked against the record and the last value as they were read: a move or deletion that
+   * read the old record then fails its own check, and if one committed first, this commit fails
+   * and the chunk is looked for again.
+   */
+  async #putChunk(hash: string, width: number, data: Uint8Array, parts: number): Promise<void> {
+    const mk = ["kvmeta", hash, width];
+    // Parts are committed in order, so the last one present means the chunk is whole (a crash
+    // between two commits of a big chunk leaves it to be written again).
+    const tk = ["kvblock", hash, width, parts - 1];
+    const meta: ChunkMeta = { tier: "kv", size: data.byteLength, parts, at: Date.now() };
+    for (let attempt = 0; attempt < 10; attempt++) {
+      const [old, tail] = await this.kv.getMany<[ChunkMeta, Uint8Array]>([mk, tk]);
+      meta.tier = old.value?.tier ?? "kv";
+      const whole = meta.tier === "fs"
+        ? (await this.#fileSize(hash, width)) === data.byteLength
+        : tail.value !== null;
+      if (!whole) break;
+      if ((await this.kv.atomic().check(old, tail).set(mk, meta).commit()).ok) {
+        this.#setChunk(chunkKey(hash, width), { tier: meta.tier, size: meta.size });
+        return;
+      }
+    }
+    meta.tier = "kv";
+    for (let p = 0; p < parts; p += PARTS_PER_COMMIT) {
+      const op = this.kv.atomic();
+      for (let q = p; q < Math.min(parts, p + PARTS_PER_COMMIT); q++) {
+        op.set(["kvblock", hash, width, q], data.subarray(q * PART, (q + 1) * PART));
+      }
+      if (p + PARTS_PER_COMMIT >= parts) op.set(mk, meta); // with the last part
+      if (!(await op.commit()).ok) throw new Error(`internal error: chunk ${hash} did not commit`);
+    }
+    this.#setChunk(chunkKey(hash, width), { tier: meta.tier, size: meta.size });
   }
 
   /** Manifests of every stored session, newest first. */
@@ -230,7 +352,24 @@ export class SessionStore {
   }
 
   async #chunk(entry: ChunkRef): Promise<Uint8Array<ArrayBuffer> | undefined> {
-    const { hash, parts, bytes, planes } = entry;
+    const { hash, bytes, planes } = entry;
+    const packed = await this.#warmBytes(entry) ??
+      (planes ? await this.#readFile(hash, planes) : undefined);
+    if (!packed) return undefined;
+    try {
+      const raw = planes
+        ? unpackBlock(packed, { width: planes, bytes })
+        : inflateSync(packed) as Uint8Array<ArrayBuffer>;
+      const ok = raw.byteLength === bytes && chunkHash(raw) === hash;
+      return ok ? raw : undefined;
+    } catch {
+      return undefined; // a corrupt chunk
+    }
+  }
+
+  /** A chunk's packed bytes from Deno KV, if all its values are there. */
+  async #warmBytes(entry: ChunkRef): Promise<Uint8Array<ArrayBuffer> | undefined> {
+    const { hash, parts, planes } = entry;
     const got: Deno.KvEntryMaybe<Uint8Array>[] = [];
     for (let i = 0; i < parts; i += 10) { // getMany takes at most 10 keys
       const keys = Array.from(
@@ -243,24 +382,208 @@ export class SessionStore {
     const packed = new Uint8Array(got.reduce((n, e) => n + e.value!.byteLength, 0));
     let o = 0;
     for (const e of got) packed.set(e.value!, (o += e.value!.byteLength) - e.value!.byteLength);
-    try {
-      const raw = planes
-        ? unpackBlock(packed, { width: planes, bytes })
-        : inflateSync(packed) as Uint8Array<ArrayBuffer>;
-      const ok = raw.byteLength === bytes && chunkHash(raw) === hash;
-      return ok ? raw : undefined;
-    } catch {
-      return undefined; // a corrupt chunk
+    return packed;
+  }
+
+  /** Forgets a session, and starts a {@linkcode maintain} pass (its chunks may be shared). */
+  async delete(id: string): Promise<void> {
+    await this.kv.delete(["session", id]);
+    void this.maintain();
+  }
+
+  /**
+   * Deletes the chunks (in both tiers) that no manifest refers to and whose record is older than
+   * the grace period, then moves the warm chunks of the least recently updated sessions to the
+   * cold folder until the warm ones fit their budget. One pass at a time: a call during a pass
+   * runs one more after it. Resolves when the passes are done.
+   */
+  maintain(): Promise<void> {
+    if (this.#closed) return Promise.resolve();
+    if (this.#maintaining) {
+      this.#again = true;
+      return this.#maintaining;
+    }
+    const run = async () => {
+      do {
+        this.#again = false;
+        const tiers = this.#tiers();
+        try {
+          await this.#pass();
+          if (this.#tiers() !== tiers) this.onTiersChange?.();
+        } catch (e) {
+          // Closing the store stops a pass where it is, as a crash would (see the module doc).
+          if (!this.#closed) console.error(`strata: session store maintenance failed: ${e}`);
+        }
+      } while (this.#again && !this.#closed);
+      this.#maintaining = undefined;
+    };
+    return this.#maintaining = run();
+  }
+
+  /** Every chunk's tier, in one string (compared before and after a pass). */
+  #tiers(): string {
+    return [...this.#chunks].map(([k, c]) => k + c.tier).sort().join();
+  }
+
+  async #pass(): Promise<void> {
+    // Newest update of a session referring to each chunk.
+    const used = new Map<string, number>();
+    for (const m of await this.list()) {
+      for (const b of m.blocks) {
+        if (!b.planes) continue;
+        const k = chunkKey(b.hash, b.planes);
+        used.set(k, Math.max(used.get(k) ?? 0, m.updatedAt));
+      }
+    }
+    const now = Date.now();
+    const warm: { entry: Deno.KvEntry<ChunkMeta>; last: number }[] = [];
+    this.#version++;
+    this.#chunks.clear();
+    for await (const e of this.kv.list<ChunkMeta>({ prefix: ["kvmeta"] })) {
+      const [, hash, width] = e.key as [string, string, number];
+      const k = chunkKey(hash, width);
+      const last = used.get(k);
+      if (last === undefined && now - e.value.at >= this.graceMs) {
+        const op = this.kv.atomic().check(e).delete(e.key);
+        for (let p = 0; p < e.value.parts; p++) op.delete(["kvblock", hash, width, p]);
+        if ((await op.commit()).ok) {
+          await this.#removeFile(hash, width);
+          continue;
+        }
+      }
+      this.#setChunk(k, { tier: e.value.tier, size: e.value.size });
+      if (e.value.tier === "kv" && last !== undefined) warm.push({ entry: e, last });
+    }
+    await this.#sweepFolder(now);
+    if (this.coldDir === undefined) return;
+    let over = this.warmUsed - this.warmBytes;
+    for (const { entry } of warm.sort((a, b) => a.last - b.last)) {
+      if (over <= 0) break;
+      if (await this.#moveToFile(entry)) over -= entry.value.size;
     }
   }
 
-  /** Forgets a session (its chunks stay; other sessions may share them). */
-  async delete(id: string): Promise<void> {
-    await this.kv.delete(["session", id]);
+  /** Moves one chunk from Deno KV to its file; false when it changed meanwhile (or is gone). */
+  async #moveToFile(e: Deno.KvEntry<ChunkMeta>): Promise<boolean> {
+    const [, hash, width] = e.key as [string, string, number];
+    const data = await this.#warmBytes({ hash, parts: e.value.parts, bytes: 0, planes: width });
+    if (!data || data.byteLength !== e.value.size) return false;
+    const dir = this.coldDir!;
+    await Deno.mkdir(dir, { recursive: true });
+    const path = this.#filePath(hash, width);
+    const tmp = `${path}.${crypto.randomUUID()}.tmp`;
+    const f = await Deno.open(tmp, { write: true, createNew: true });
+    try {
+      let o = 0;
+      while (o < data.byteLength) o += await f.write(data.subarray(o));
+      await f.syncData();
+    } finally {
+      f.close();
+    }
+    await Deno.rename(tmp, path);
+    const op = this.kv.atomic().check(e).set(e.key, { ...e.value, tier: "fs" });
+    for (let p = 0; p < e.value.parts; p++) op.delete(["kvblock", hash, width, p]);
+    if (!(await op.commit()).ok) return false; // the file stays a spare copy
+    this.#setChunk(chunkKey(hash, width), { tier: "fs", size: e.value.size });
+    return true;
   }
 
+  /**
+   * Removes from the cold folder the files of chunks without a record (a deletion stopped
+   * between its commit and the file's removal) and temporary files left by a move that stopped,
+   * once they are older than the grace period.
+   */
+  async #sweepFolder(now: number): Promise<void> {
+    if (this.coldDir === undefined) return;
+    let names: Deno.DirEntry[];
+    try {
+      names = await Array.fromAsync(Deno.readDir(this.coldDir));
+    } catch (e) {
+      if (e instanceof Deno.errors.NotFound) return;
+      throw e;
+    }
+    for (const { name, isFile } of names) {
+      const m = name.match(/^([0-9a-f]{16})-([0-9]+)\.kvb(\..+\.tmp)?$/);
+      if (!isFile || !m) continue;
+      if (!m[3] && this.#chunks.has(chunkKey(m[1], Number(m[2])))) continue;
+      const path = `${this.coldDir}/${name}`;
+      const stat = await Deno.stat(path).catch(() => undefined);
+      if (stat && now - (stat.mtime?.getTime() ?? 0) >= this.graceMs) {
+        await Deno.remove(path).catch(() => {});
+      }
+    }
+  }
+
+  #filePath(hash: string, width: number): string {
+    return `${this.coldDir}/${hash}-${width}.kvb`;
+  }
+
+  async #readFile(hash: string, width: number): Promise<Uint8Array<ArrayBuffer> | undefined> {
+    if (this.coldDir === undefined) return undefined;
+    try {
+      return await Deno.readFile(this.#filePath(hash, width)) as Uint8Array<ArrayBuffer>;
+    } catch (e) {
+      if (e instanceof Deno.errors.NotFound) return undefined;
+      throw e;
+    }
+  }
+
+  async #fileSize(hash: string, width: number): Promise<number | undefined> {
+    if (this.coldDir === undefined) return undefined;
+    try {
+      return (await Deno.stat(this.#filePath(hash, width))).size;
+    } catch (e) {
+      if (e instanceof Deno.errors.NotFound) return undefined;
+      throw e;
+    }
+  }
+
+  async #removeFile(hash: string, width: number): Promise<void> {
+    if (this.coldDir === undefined) return;
+    await Deno.remove(this.#filePath(hash, width)).catch((e) => {
+      if (!(e instanceof Deno.errors.NotFound)) throw e;
+    });
+  }
+
+  /**
+   * Reads the chunk records. A store written before records existed gets one per chunk, from a
+   * single listing of its values (its unreferenced chunks are then deleted like any others).
+   */
+  async #load(): Promise<void> {
+    if ((await this.kv.get(RECORDS_KEY)).value === null) {
+      const found = new Map<string, ChunkMeta & { hash: string; width: number }>();
+      for await (const e of this.kv.list<Uint8Array>({ prefix: ["kvblock"] })) {
+        const [, hash, width, part] = e.key as [string, string, number, number];
+        const k = chunkKey(hash, width);
+        const c = found.get(k) ?? { hash, width, tier: "kv", size: 0, parts: 0, at: Date.now() };
+        c.size += e.value.byteLength;
+        c.parts = Math.max(c.parts, part + 1);
+        found.set(k, c);
+      }
+      for (const { hash, width, ...meta } of found.values()) {
+        await this.kv.atomic().check({ key: ["kvmeta", hash, width], versionstamp: null })
+          .set(["kvmeta", hash, width], meta).commit();
+      }
+      await this.kv.set(RECORDS_KEY, true);
+    }
+    for await (const e of this.kv.list<ChunkMeta>({ prefix: ["kvmeta"] })) {
+      const [, hash, width] = e.key as [string, string, number];
+      this.#setChunk(chunkKey(hash, width), { tier: e.value.tier, size: e.value.size });
+    }
+  }
+
+  /** Closes the store; a maintenance pass in progress stops where it is. */
   close(): void {
+    this.#closed = true;
     this.#packer.close();
     this.kv.close();
   }
+}
+
+/** Set once every chunk has a record (stores written before records existed get them at open). */
+const RECORDS_KEY = ["strata", "chunk-records"];
+
+/** In-memory name of a chunk: its hash and element width. */
+function chunkKey(hash: string, width: number): string {
+  return `${hash}/${width}`;
 }

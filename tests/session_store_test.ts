@@ -140,3 +140,242 @@ Deno.test(
     assert.deepEqual((await store.restore(m)).blocks, [big]);
   }),
 );
+
+/** Chunk records by tier, and which chunks have values in Deno KV or a file. */
+async function tiers(store: SessionStore) {
+  const out = { kv: new Set<string>(), fs: new Set<string>(), values: new Set<string>() };
+  for await (const e of store.kv.list<{ tier: "kv" | "fs" }>({ prefix: ["kvmeta"] })) {
+    out[e.value.tier].add(String(e.key[1]));
+  }
+  for await (const e of store.kv.list({ prefix: ["kvblock"] })) out.values.add(String(e.key[1]));
+  return out;
+}
+
+/** Names of the chunk files in the cold folder (empty when there is none). */
+async function files(store: SessionStore): Promise<string[]> {
+  try {
+    return (await Array.fromAsync(Deno.readDir(store.coldDir!))).map((e) => e.name).sort();
+  } catch (e) {
+    if (e instanceof Deno.errors.NotFound) return [];
+    throw e;
+  }
+}
+
+const session = (id: string, updatedAt: number, n: number) => ({
+  id,
+  model: "m",
+  tokens: Uint32Array.from({ length: 16 * n + 1 }, (_, i) => i),
+  computed: 16 * n,
+  createdAt: 1,
+  updatedAt,
+});
+
+Deno.test("session store: over the warm budget, the oldest sessions' chunks move to files and restore bit for bit", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "strata-store-" });
+  const path = join(dir, "s.sqlite");
+  try {
+    const blocks = Array.from({ length: 6 }, (_, i) => block(20 + i, 120_000));
+    let store = await SessionStore.open(path);
+    assert.equal(store.coldDir, `${path}.cold`);
+    const ids = ["old", "mid", "new"];
+    const saved = [];
+    for (const [i, id] of ids.entries()) {
+      saved.push(await store.save(session(id, 10 + i, 2), blocks.slice(2 * i, 2 * i + 2)));
+    }
+    await store.maintain();
+    const all = store.warmUsed;
+    assert.deepEqual(await files(store), [], "under the default budget everything stays warm");
+    store.close();
+
+    // Reopened with room for a little more than two sessions' chunks: the oldest one moves.
+    store = await SessionStore.open(path, { warmBytes: Math.ceil(all * 0.7) });
+    try {
+      await store.maintain();
+      const t = await tiers(store);
+      const hashes = saved.map((entries) => entries.map((e) => e.hash));
+      assert.deepEqual([...t.fs].sort(), [...hashes[0]].sort(), "the oldest session went cold");
+      for (const h of [...hashes[1], ...hashes[2]]) assert.ok(t.kv.has(h) && t.values.has(h));
+      for (const h of hashes[0]) assert.ok(!t.values.has(h), "its values left Deno KV");
+      assert.deepEqual(await files(store), hashes[0].map((h) => `${h}-4.kvb`).sort());
+      assert.ok(store.warmUsed <= store.warmBytes);
+      assert.equal(store.tierOf(saved[0][0]), "fs");
+      assert.equal(store.tierOf(saved[2][1]), "kv");
+      for (const m of await store.list()) {
+        const i = ids.indexOf(m.id);
+        assert.deepEqual((await store.restore(m)).blocks, blocks.slice(2 * i, 2 * i + 2));
+      }
+
+      // A new session with a cold block's bytes refers to the file instead of writing it again.
+      const entries = await store.save(session("again", 20, 2), [blocks[0], block(30, 120_000)]);
+      assert.deepEqual(entries[0], saved[0][0]);
+      assert.ok(!(await tiers(store)).values.has(entries[0].hash));
+      const [m] = await store.list();
+      assert.equal(m.id, "again");
+      assert.deepEqual((await store.restore(m)).blocks, [blocks[0], block(30, 120_000)]);
+
+      // A cold file that went bad stops the restore there, as a bad value does.
+      const file = join(store.coldDir!, `${saved[0][1].hash}-4.kvb`);
+      const bytes = await Deno.readFile(file);
+      bytes[bytes.length - 1] ^= 0xff;
+      await Deno.writeFile(file, bytes);
+      const old = (await store.list()).find((s) => s.id === "old")!;
+      assert.deepEqual((await store.restore(old)).blocks, [blocks[0]]);
+    } finally {
+      store.close();
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("session store: chunks no snapshot refers to are deleted in both tiers after the grace period", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "strata-store-" });
+  const path = join(dir, "s.sqlite");
+  try {
+    const [x, y, z] = [block(40, 90_000), block(41, 90_000), block(42, 90_000)];
+    let store = await SessionStore.open(path, { graceMs: 0, warmBytes: 0 });
+    try {
+      const a = await store.save(session("a", 1, 2), [x, y]);
+      const b = await store.save(session("b", 2, 2), [y, z]);
+      await store.maintain();
+      let t = await tiers(store);
+      assert.equal(t.fs.size, 3, "a budget of 0 sends every chunk to a file");
+      assert.equal(t.values.size, 0);
+      await store.delete("a");
+      await store.maintain();
+      t = await tiers(store);
+      assert.deepEqual([...t.fs].sort(), [b[0].hash, b[1].hash].sort(), "x went, y is b's too");
+      assert.deepEqual(await files(store), [`${b[0].hash}-4.kvb`, `${b[1].hash}-4.kvb`].sort());
+      assert.equal(store.tierOf(a[0]), undefined);
+      const [m] = await store.list();
+      assert.deepEqual((await store.restore(m)).blocks, [y, z]);
+      // Leftovers of a move or a deletion that stopped half way go too: a temporary file, and
+      // the file of a chunk without a record.
+      await Deno.writeFile(join(store.coldDir!, `${a[0].hash}-4.kvb.1234.tmp`), x);
+      await Deno.writeFile(join(store.coldDir!, `${a[0].hash}-4.kvb`), x);
+      await store.maintain();
+      assert.deepEqual(await files(store), [`${b[0].hash}-4.kvb`, `${b[1].hash}-4.kvb`].sort());
+    } finally {
+      store.close();
+    }
+
+    // Within the grace period an unreferenced chunk stays: a snapshot writes its chunks before
+    // its manifest, and a collection must not take them in between.
+    store = await SessionStore.open(path, { warmBytes: 0 });
+    try {
+      const [c] = await store.save(session("c", 3, 1), [block(43, 90_000)]);
+      await store.delete("c");
+      await store.maintain();
+      assert.ok((await tiers(store)).fs.has(c.hash));
+      assert.ok((await files(store)).includes(`${c.hash}-4.kvb`));
+    } finally {
+      store.close();
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("session store: a store written before chunk records gets them, and its orphans are collected", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "strata-store-" });
+  const path = join(dir, "s.sqlite");
+  try {
+    let store = await SessionStore.open(path);
+    const kept = block(50, 90_000), orphan = block(51, 90_000);
+    const [k] = await store.save(session("k", 1, 1), [kept]);
+    const [o] = await store.save(session("o", 2, 1), [orphan]);
+    // What an older version left: the same values, no records, a deleted session's chunk.
+    await store.kv.delete(["session", "o"]);
+    for await (const e of store.kv.list({ prefix: ["kvmeta"] })) await store.kv.delete(e.key);
+    await store.kv.delete(["strata", "chunk-records"]);
+    store.close();
+
+    store = await SessionStore.open(path, { graceMs: 0 });
+    try {
+      const t = await tiers(store);
+      assert.deepEqual([...t.kv].sort(), [k.hash, o.hash].sort(), "records made at open");
+      assert.equal(store.tierOf(k), "kv");
+      await store.maintain();
+      assert.deepEqual([...(await tiers(store)).values], [k.hash]);
+      const [m] = await store.list();
+      assert.deepEqual((await store.restore(m)).blocks, [kept]);
+    } finally {
+      store.close();
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+/**
+ * Runs tests/store_child.ts on the store at `path` and kills it (SIGKILL) a random few ms after
+ * its `lines`-th line. Returns the lines it printed.
+ */
+async function killChild(args: string[], lines: number, r: ReturnType<typeof rng>) {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", new URL("./store_child.ts", import.meta.url).pathname, ...args],
+    stdout: "piped",
+    stderr: "inherit",
+  }).spawn();
+  const reader = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
+  let text = "";
+  while (text.split("\n").length <= lines) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    text += value;
+  }
+  await new Promise((resolve) => setTimeout(resolve, r.int(40)));
+  child.kill("SIGKILL");
+  await child.status;
+  reader.cancel().catch(() => {});
+  return text.trim().split("\n");
+}
+
+/**
+ * What must hold after any crash: every manifest restores all its blocks; and after a pass
+ * without grace period, the records are exactly the chunks manifests refer to, each whole in its
+ * tier, and the cold folder holds their files and nothing else.
+ */
+async function assertConsistent(path: string) {
+  const store = await SessionStore.open(path, { graceMs: 0, warmBytes: 100_000 });
+  try {
+    const manifests = await store.list();
+    for (const m of manifests) {
+      const back = await store.restore(m);
+      assert.equal(back.blocks.length, m.blocks.length, `session ${m.id} lost blocks`);
+    }
+    await store.maintain();
+    const used = new Set(manifests.flatMap((m) => m.blocks.map((b) => b.hash)));
+    const t = await tiers(store);
+    assert.deepEqual([...t.kv, ...t.fs].sort(), [...used].sort());
+    assert.deepEqual([...t.values].sort(), [...t.kv].sort(), "values of warm chunks only");
+    assert.deepEqual(await files(store), [...t.fs].map((h) => `${h}-4.kvb`).sort());
+    for (const m of manifests) {
+      assert.equal((await store.restore(m)).blocks.length, m.blocks.length);
+    }
+    return { sessions: manifests.length, warm: t.kv.size, cold: t.fs.size };
+  } finally {
+    store.close();
+  }
+}
+
+Deno.test("session store: killed while writing, moving and deleting, it restarts whole", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "strata-store-" });
+  const path = join(dir, "s.sqlite");
+  const r = rng(60);
+  try {
+    for (let round = 0; round < 4; round++) {
+      const lines = await killChild(["write", path, String(round)], 6 + r.int(10), r);
+      assert.ok(lines.length >= 6, lines.join("\n"));
+      const state = await assertConsistent(path);
+      assert.equal(state.sessions, 5);
+      assert.ok(state.cold > 0 && state.warm > 0, JSON.stringify(state));
+    }
+    const lines = await killChild(["collect", path], 2, r);
+    assert.ok(lines[0].startsWith("deleted"), lines.join("\n"));
+    const state = await assertConsistent(path);
+    assert.ok(state.sessions < 5, JSON.stringify(state));
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});

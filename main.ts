@@ -2,6 +2,7 @@
  * strata's command line: `serve` runs the OpenAI-compatible server, `generate` runs one prompt.
  *
  *   deno task start [--model DIR] [--host H] [--port N] [--api-key KEY] [--kv PATH]
+ *                   [--kv-cold DIR] [--kv-warm-mb N]
  *   deno task generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *                      [--temperature T] [--seed S] [--json] [--kv-dtype f32|f16]
  *                      [--context-length N]
@@ -20,16 +21,20 @@ const USAGE = `usage:
   main.ts serve    [--model DIR] [--host H] [--port N] [--api-key KEY] [--kv PATH]
                    [--max-slots N] [--max-queued N] [--context-length N] [--cors ORIGINS]
                    [--max-body-bytes N] [--kv-dtype f32|f16] [--kv-blocks N]
+                   [--kv-cold DIR] [--kv-warm-mb N]
   main.ts generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
                    [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
                    [--stop STR] [--chat] [--json] [--kv-dtype f32|f16] [--context-length N]
 --kv PATH keeps sessions (tokens and KV blocks) in Deno KV at PATH across restarts.
+--kv-warm-mb N: packed KV blocks Deno KV keeps (default 512); past that, the least recently
+updated sessions' blocks move to files in --kv-cold DIR (default PATH.cold; for a remote KV URL,
+none unless given: its blocks then all stay in it).
 --kv-dtype f16 holds the KV cache in half the memory (K and V rounded to f16); default f32.
 --kv-blocks N sizes the GPU KV pool in 16-token blocks (default 4096 f32 blocks' worth of memory,
 at most what one binding holds).
 Environment: STRATA_MODEL, HOST, PORT, STRATA_API_KEY, STRATA_KV, STRATA_CORS, STRATA_MAX_SLOTS,
 STRATA_MAX_QUEUED, STRATA_CONTEXT_LENGTH, STRATA_MAX_BODY_BYTES, STRATA_KV_DTYPE,
-STRATA_KV_BLOCKS`;
+STRATA_KV_BLOCKS, STRATA_KV_COLD, STRATA_KV_WARM_MB`;
 
 function int(name: string, v: string | undefined, fallback: number): number {
   if (v === undefined) return fallback;
@@ -136,13 +141,19 @@ async function serve(args: string[]): Promise<void> {
       kv: { type: "string" },
       "kv-dtype": { type: "string" },
       "kv-blocks": { type: "string" },
+      "kv-cold": { type: "string" },
+      "kv-warm-mb": { type: "string" },
     },
   });
   const env = (k: string) => Deno.env.get(k) || undefined;
+  const warmMb = int("kv-warm-mb", v["kv-warm-mb"] ?? env("STRATA_KV_WARM_MB"), 512);
+  if (warmMb < 0) throw new Error(`--kv-warm-mb must be >= 0; got ${warmMb}`);
   const model = v.model ?? env("STRATA_MODEL") ?? DEFAULT_MODEL;
   // The engine runs in a worker: its GPU waits block that thread, not the server's.
   const engine = await WorkerEngine.load({ dir: model }, {
     kvPath: v.kv ?? env("STRATA_KV"),
+    kvColdDir: v["kv-cold"] ?? env("STRATA_KV_COLD"),
+    kvWarmBytes: warmMb * 2 ** 20,
     maxSlots: int("max-slots", v["max-slots"] ?? env("STRATA_MAX_SLOTS"), 16),
     maxQueued: int("max-queued", v["max-queued"] ?? env("STRATA_MAX_QUEUED"), 64),
     contextLength: v["context-length"] ?? env("STRATA_CONTEXT_LENGTH")

@@ -227,14 +227,15 @@ export class Engine implements EngineLike {
 
   kvStats(): KvStats {
     const snap = this.#sessions.snapshotStats();
+    const stored = this.#sessions.storedBlocks();
     return {
       blockTokens: BLOCK,
       dtype: this.kvDtype,
       gpu: { used: this.pool.usedCount, total: this.pool.blocks.length - 1 },
-      // Warm tier: blocks held by session snapshots in Deno KV (chunks shared by sessions
-      // count once per session).
-      kv: { used: this.#sessions.storedBlocks() },
-      fs: { used: 0 },
+      // Blocks held by session snapshots in Deno KV (warm) and in files (cold); chunks shared
+      // by sessions count once per session.
+      kv: { used: stored.kv },
+      fs: { used: stored.fs },
       snapshotBlocks: { copied: snap.blocksCopied, reused: snap.blocksReused },
     };
   }

@@ -63,8 +63,10 @@ function flush(): void {
 let store: SessionStore | undefined;
 
 async function init(model: ModelSpec, options: WorkerEngineOptions): Promise<Engine> {
-  const { kvPath, ...rest } = options;
-  store = kvPath ? await SessionStore.open(kvPath) : undefined;
+  const { kvPath, kvColdDir, kvWarmBytes, ...rest } = options;
+  store = kvPath
+    ? await SessionStore.open(kvPath, { coldDir: kvColdDir, warmBytes: kvWarmBytes })
+    : undefined;
   if ("dir" in model) return await Engine.load(model.dir, { ...rest, store });
   const gpu = await getGpu();
   const m = await syntheticModel(gpu, model.shape, {
@@ -124,6 +126,8 @@ self.onmessage = async (ev: MessageEvent<ToWorker>) => {
         changed.add(id);
         schedule();
       };
+      // The store moves and deletes chunks between turns too: report the tiers' new counts.
+      if (store) store.onTiersChange = schedule;
       const cfg = e.decoder.cfg;
       post({
         t: "ready",

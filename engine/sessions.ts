@@ -63,8 +63,11 @@ export interface SnapshotStats {
 export class Sessions {
   readonly #map = new Map<string, SessionEntry>();
   readonly #snapshots = new Map<string, Promise<void>>();
-  /** Blocks of each session's last snapshot in the store (the warm tier, for metrics). */
-  readonly #stored = new Map<string, number>();
+  /** Blocks of each session's last snapshot in the store (for the tiers' metrics). */
+  readonly #stored = new Map<string, ChunkRef[]>();
+  /** {@linkcode storedBlocks}' last answer, and the store version and `#stored` edit it is of. */
+  #storedCount = { kv: 0, fs: 0, version: -1, edit: -1 };
+  #storedEdit = 0;
   /** Each session's last committed snapshot: the blocks a later one may reuse. */
   readonly #committed = new Map<string, Committed>();
   /** Snapshot reads to request at the engine's next readback (see {@linkcode startReads}). */
@@ -113,7 +116,7 @@ export class Sessions {
     this.onChange?.(id);
     await this.#snapshots.get(id);
     await this.store?.delete(id);
-    this.#stored.delete(id);
+    this.#setStored(id, undefined);
     this.#committed.delete(id);
     return true;
   }
@@ -128,9 +131,28 @@ export class Sessions {
     this.onChange?.(id!);
   }
 
-  /** Blocks held by snapshots in the store. */
-  storedBlocks(): number {
-    return [...this.#stored.values()].reduce((a, b) => a + b, 0);
+  #setStored(id: string, blocks: ChunkRef[] | undefined): void {
+    this.#storedEdit++;
+    if (blocks) this.#stored.set(id, blocks);
+    else this.#stored.delete(id);
+  }
+
+  /**
+   * Blocks held by snapshots in the store, by the tier their chunks are in: Deno KV (`kv`) or
+   * the cold folder (`fs`). A chunk shared by sessions counts once per session.
+   */
+  storedBlocks(): { kv: number; fs: number } {
+    const version = this.store?.version ?? 0, c = this.#storedCount;
+    if (c.version === version && c.edit === this.#storedEdit) return { kv: c.kv, fs: c.fs };
+    const n = { kv: 0, fs: 0 };
+    for (const blocks of this.#stored.values()) {
+      for (const b of blocks) {
+        const tier = this.store?.tierOf(b);
+        if (tier) n[tier]++;
+      }
+    }
+    this.#storedCount = { ...n, version, edit: this.#storedEdit };
+    return n;
   }
 
   /** Blocks snapshots have copied and reused so far. */
@@ -225,7 +247,7 @@ export class Sessions {
         info.persistedAt = Date.now();
         this.onChange?.(info.id);
         this.#committed.set(info.id, { tokens, computed, kv, blocks: entries });
-        if (this.#map.has(info.id)) this.#stored.set(info.id, n);
+        if (this.#map.has(info.id)) this.#setStored(info.id, entries);
       })
       .catch((e) => console.error(`strata: snapshot of session '${info.id}' failed: ${e}`));
     this.#snapshots.set(info.id, write);
@@ -237,18 +259,28 @@ export class Sessions {
    */
   async restore(): Promise<void> {
     if (!this.store) return;
+    // Then a maintenance pass: a crash may have left chunks to collect, or the warm budget may
+    // have shrunk since the last run.
+    try {
+      await this.#restore(this.store);
+    } finally {
+      void this.store.maintain();
+    }
+  }
+
+  async #restore(store: SessionStore): Promise<void> {
     const d = this.decoder, kv = d.opts.kvDtype, bb = blockBytes(d.cfg, kv);
     const q = d.gpu.device.queue;
-    for (const m of await this.store.list(this.modelId)) {
+    for (const m of await store.list(this.modelId)) {
       const info = { id: m.id, tokens: 0, createdAt: m.createdAt, updatedAt: m.updatedAt };
       const blocks = new SequenceBlocks(this.pool);
       this.#map.set(m.id, { info, blocks, busy: false });
-      this.#stored.set(m.id, m.blocks.length);
+      this.#setStored(m.id, m.blocks);
       // The next snapshot may reuse these chunks; restore verifies them before it relies on any.
       const kvOf = m.kv ?? "f32";
       this.#committed.set(m.id, { tokens: m.tokens, computed: m.computed, kv: kvOf, blocks: [] });
       if (this.pool.freeCount - m.blocks.length < this.pool.blocks.length / 2) continue;
-      const { blocks: saved } = await this.store.restore(m);
+      const { blocks: saved } = await store.restore(m);
       const data = saved.map((raw) => convertBlock(raw, m.kv ?? "f32", kv));
       if (data.some((raw) => raw.byteLength !== 2 * bb)) {
         console.error(`strata: session '${m.id}' has blocks of another shape; not restored`);

@@ -47,6 +47,10 @@ export type ModelSpec =
 export interface WorkerEngineOptions extends Omit<EngineOptions, "gpu" | "store"> {
   /** Deno KV file the worker snapshots sessions into and restores them from (`--kv`). */
   kvPath?: string;
+  /** The store's cold folder (`--kv-cold`; `SessionStoreOptions.coldDir`). */
+  kvColdDir?: string;
+  /** Packed bytes the store keeps in Deno KV (`--kv-warm-mb`; `SessionStoreOptions.warmBytes`). */
+  kvWarmBytes?: number;
 }
 
 /** The engine's counters as of the worker's last message. */

@@ -17,9 +17,9 @@ interface Server {
 }
 
 /** Starts `main.ts serve` on a free port and waits for its "serving … at URL" line. */
-async function start(model: string, kv: string): Promise<Server> {
+async function start(model: string, kv: string, extra: string[]): Promise<Server> {
   const child = new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", MAIN, "serve", "--model", model, "--port", "0", "--kv", kv],
+    args: ["run", "-A", MAIN, "serve", "--model", model, "--port", "0", "--kv", kv, ...extra],
     stdout: "null",
     stderr: "piped",
   }).spawn();
@@ -56,7 +56,62 @@ async function sessionInfo(s: Server, id: string) {
   return { status: r.status, body: await r.json() };
 }
 
+/** Stored blocks of the server's sessions by tier, as /health reports them. */
+async function tiers(s: Server): Promise<{ kv: number; fs: number }> {
+  const h = await (await fetch(`${s.url}/health`)).json();
+  return { kv: h.kv.kv.used, fs: h.kv.fs.used };
+}
+
+/** Polls `cond` every 100 ms for up to 30 s. */
+async function until(what: string, cond: () => Promise<boolean>) {
+  const deadline = Date.now() + 30_000;
+  while (!(await cond())) {
+    assert.ok(Date.now() < deadline, what);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
 Deno.test("sessions survive SIGKILL and restart through Deno KV", async () => {
+  await restartTest([], {
+    async beforeKill(a) {
+      const t = await tiers(a);
+      assert.ok(t.kv > 0 && t.fs === 0, JSON.stringify(t));
+    },
+    async restarted(b) {
+      const t = await tiers(b);
+      assert.ok(t.kv > 0 && t.fs === 0, JSON.stringify(t));
+    },
+  });
+});
+
+Deno.test("sessions survive SIGKILL and restart from the cold tier of files", async () => {
+  // No room in Deno KV: every snapshot's blocks move to files right after it lands.
+  await restartTest(["--kv-warm-mb", "0"], {
+    async beforeKill(a, kv) {
+      await until("the blocks never moved to files", async () => (await tiers(a)).kv === 0);
+      const t = await tiers(a);
+      assert.ok(t.fs > 0, JSON.stringify(t));
+      assert.equal((await Array.fromAsync(Deno.readDir(`${kv}.cold`))).length, t.fs);
+    },
+    async restarted(b) {
+      const t = await tiers(b);
+      assert.ok(t.kv === 0 && t.fs > 0, `restored from files: ${JSON.stringify(t)}`);
+    },
+  });
+});
+
+/**
+ * Two turns of a session across a SIGKILL and a restart, against the same turns without one.
+ * `beforeKill` runs on the first server once turn 1 is persisted, `restarted` on the second
+ * before turn 2.
+ */
+async function restartTest(
+  extra: string[],
+  check: {
+    beforeKill: (a: Server, kv: string) => Promise<void>;
+    restarted: (b: Server, kv: string) => Promise<void>;
+  },
+) {
   await testGpu();
   const dir = await Deno.makeTempDir({ prefix: "strata-restart-" });
   const model = join(dir, "model"), kv = join(dir, "sessions.sqlite");
@@ -64,23 +119,24 @@ Deno.test("sessions survive SIGKILL and restart through Deno KV", async () => {
   const servers: Server[] = [];
   try {
     const turn1 = "the quick brown fox jumps over the lazy dog and then";
-    const a = await start(model, kv);
+    const a = await start(model, kv, extra);
     servers.push(a);
     const first = await complete(a, turn1, "s1");
     // Wait until the snapshot of turn 1 is in the store, then kill without any chance to flush.
-    const deadline = Date.now() + 30_000;
-    while ((await sessionInfo(a, "s1")).body.persisted_at_ms === null) {
-      assert.ok(Date.now() < deadline, "the session was never persisted");
-      await new Promise((r) => setTimeout(r, 100));
-    }
+    await until(
+      "the session was never persisted",
+      async () => (await sessionInfo(a, "s1")).body.persisted_at_ms !== null,
+    );
+    await check.beforeKill(a, kv);
     a.child.kill("SIGKILL");
     await a.child.status;
 
-    const b = await start(model, kv);
+    const b = await start(model, kv, extra);
     servers.push(b);
     const info = await sessionInfo(b, "s1");
     assert.equal(info.status, 200);
     assert.ok(info.body.tokens > 0, `restored session holds no tokens: ${JSON.stringify(info)}`);
+    await check.restarted(b, kv);
     const turn2 = turn1 + first.text + " and after that";
     const resumed = await complete(b, turn2, "s1");
     assert.ok(resumed.cached > 0, "the restored session's KV was not reused");
@@ -106,4 +162,4 @@ Deno.test("sessions survive SIGKILL and restart through Deno KV", async () => {
     }
     await Deno.remove(dir, { recursive: true });
   }
-});
+}

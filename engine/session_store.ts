@@ -11,8 +11,8 @@
  * manifest refers to (once they are older than a grace period: a snapshot writes its chunks
  * before its manifest), and while the warm chunks take more than their budget it moves those of
  * the least recently updated sessions to files: the file is written (and synced) under a temporary
- * name and renamed, then one atomic commit, checked against the record, flips the record and
- * deletes the chunk's values. Every step leaves a whole copy somewhere; a snapshot that reuses a
+ * name and renamed, the folder synced, then one atomic commit, checked against the record, flips
+ * the record and deletes the chunk's values. Every step leaves a whole copy somewhere; a snapshot that reuses a
  * chunk rewrites its record first, so a move or a deletion that read the old record fails its
  * check. Restore reads a chunk from Deno KV, else from its file.
  */
@@ -457,35 +457,62 @@ export class SessionStore {
     await this.#sweepFolder(now);
     if (this.coldDir === undefined) return;
     let over = this.warmUsed - this.warmBytes;
-    for (const { entry } of warm.sort((a, b) => a.last - b.last)) {
-      if (over <= 0) break;
-      if (await this.#moveToFile(entry)) over -= entry.value.size;
+    const queue = warm.sort((a, b) => a.last - b.last).map((w) => w.entry);
+    while (over > 0 && queue.length > 0 && !this.#closed) {
+      // The oldest chunks that cover the excess, at most MOVE_BATCH at a time.
+      const batch: Deno.KvEntry<ChunkMeta>[] = [];
+      for (let bytes = 0; batch.length < MOVE_BATCH && queue.length > 0 && bytes < over;) {
+        const e = queue.shift()!;
+        batch.push(e);
+        bytes += e.value.size;
+      }
+      over -= await this.#moveToFiles(batch);
     }
   }
 
-  /** Moves one chunk from Deno KV to its file; false when it changed meanwhile (or is gone). */
-  async #moveToFile(e: Deno.KvEntry<ChunkMeta>): Promise<boolean> {
-    const [, hash, width] = e.key as [string, string, number];
-    const data = await this.#warmBytes({ hash, parts: e.value.parts, bytes: 0, planes: width });
-    if (!data || data.byteLength !== e.value.size) return false;
+  /**
+   * Moves chunks from Deno KV to their files: each written and synced under a temporary name
+   * (the files of a batch at once, so that their syncs overlap), renamed, the folder synced, then
+   * one commit per chunk checked against its record. Returns the bytes moved; a chunk that
+   * changed meanwhile (or is gone) stays in Deno KV, its file a spare copy.
+   */
+  async #moveToFiles(batch: Deno.KvEntry<ChunkMeta>[]): Promise<number> {
     const dir = this.coldDir!;
     await Deno.mkdir(dir, { recursive: true });
-    const path = this.#filePath(hash, width);
-    const tmp = `${path}.${crypto.randomUUID()}.tmp`;
-    const f = await Deno.open(tmp, { write: true, createNew: true });
+    const staged = await Promise.all(batch.map(async (e) => {
+      const [, hash, width] = e.key as [string, string, number];
+      const data = await this.#warmBytes({ hash, parts: e.value.parts, bytes: 0, planes: width });
+      if (!data || data.byteLength !== e.value.size) return undefined;
+      const path = this.#filePath(hash, width);
+      const tmp = `${path}.${crypto.randomUUID()}.tmp`;
+      const f = await Deno.open(tmp, { write: true, createNew: true });
+      try {
+        let o = 0;
+        while (o < data.byteLength) o += await f.write(data.subarray(o));
+        await f.syncData();
+      } finally {
+        f.close();
+      }
+      await Deno.rename(tmp, path);
+      return { e, hash, width };
+    }));
+    const d = await Deno.open(dir, { read: true }); // the renames, durable before the commits
     try {
-      let o = 0;
-      while (o < data.byteLength) o += await f.write(data.subarray(o));
-      await f.syncData();
+      await d.syncData();
     } finally {
-      f.close();
+      d.close();
     }
-    await Deno.rename(tmp, path);
-    const op = this.kv.atomic().check(e).set(e.key, { ...e.value, tier: "fs" });
-    for (let p = 0; p < e.value.parts; p++) op.delete(["kvblock", hash, width, p]);
-    if (!(await op.commit()).ok) return false; // the file stays a spare copy
-    this.#setChunk(chunkKey(hash, width), { tier: "fs", size: e.value.size });
-    return true;
+    let moved = 0;
+    for (const s of staged) {
+      if (!s) continue;
+      const { e, hash, width } = s;
+      const op = this.kv.atomic().check(e).set(e.key, { ...e.value, tier: "fs" });
+      for (let p = 0; p < e.value.parts; p++) op.delete(["kvblock", hash, width, p]);
+      if (!(await op.commit()).ok) continue;
+      this.#setChunk(chunkKey(hash, width), { tier: "fs", size: e.value.size });
+      moved += e.value.size;
+    }
+    return moved;
   }
 
   /**
@@ -579,6 +606,9 @@ export class SessionStore {
     this.kv.close();
   }
 }
+
+/** Chunks moved to files per batch (their files are synced together). */
+const MOVE_BATCH = 16;
 
 /** Set once every chunk has a record (stores written before records existed get them at open). */
 const RECORDS_KEY = ["strata", "chunk-records"];

@@ -5,7 +5,7 @@
  *   deno task bench [--model DIR | --shape tinyllama-1.1b|tiny] [--batch 1,8,32]
  *     [--prompt-len 128] [--new-tokens 256] [--dtype f16|bf16] [--kv-dtype f32|f16] [--profile]
  *     [--queue-depth N]
- *     [--max-chunk N] [--sessions N] [--worker]
+ *     [--max-chunk N] [--sessions N] [--kv-warm-mb N] [--worker]
  *     [--out FILE]
  *
  * The table goes to stdout, progress to stderr (TTY only), and with `--out` a JSON object.
@@ -68,6 +68,11 @@ export interface BenchOptions {
    */
   sessions?: number;
   /**
+   * Packed KV blocks the sessions scenario's store keeps in Deno KV, MiB, as `serve
+   * --kv-warm-mb` (default 512); past that, its blocks move to files in a folder beside it.
+   */
+  kvWarmMb?: number;
+  /**
    * Also measure the time to first token, decode at every batch size and the sessions scenario
    * with a second engine in a worker thread, as `deno task start` serves (engine/worker_engine.ts):
    * its tokens reach this thread by message, and its GPU waits do not block this event loop.
@@ -98,6 +103,13 @@ export interface SessionsResult {
   flush_ms: number;
   /** From the end of each session's last turn to its snapshot in the store, ms. */
   snapshot_lag_ms: { p50: number; max: number };
+  /** The store's warm budget, MiB (`--kv-warm-mb`). */
+  warm_mb: number;
+  /**
+   * Stored blocks in Deno KV and in files right after the flush, as the engine reports them (a
+   * maintenance pass may still be moving some).
+   */
+  stored_blocks: { kv: number; fs: number };
 }
 
 /** What {@linkcode runBench} measured; written as JSON by `--out`. */
@@ -172,7 +184,8 @@ export async function runBench(options: BenchOptions = {}): Promise<BenchResult>
   const gpu = options.gpu ?? await getGpu();
   // The sessions scenario snapshots into a store of its own, removed afterwards.
   const dir = o.sessions > 0 ? await Deno.makeTempDir({ prefix: "strata-bench-" }) : undefined;
-  const store = dir ? await SessionStore.open(`${dir}/sessions.sqlite3`) : undefined;
+  const warmBytes = o.kvWarmMb * 2 ** 20;
+  const store = dir ? await SessionStore.open(`${dir}/sessions.sqlite3`, { warmBytes }) : undefined;
   try {
     return await measure(o, gpu, store, dir && `${dir}/worker.sqlite3`);
   } finally {
@@ -235,7 +248,7 @@ async function measure(
     const { gpu: _, store: __, ...rest } = engineOptions;
     const w = await WorkerEngine.load(
       o.shape ? { shape: o.shape, dtype: o.dtype, tokenizerDir: DEFAULT_MODEL } : { dir: o.model },
-      { ...rest, kvPath: workerKv },
+      { ...rest, kvPath: workerKv, kvWarmBytes: o.kvWarmMb * 2 ** 20 },
     );
     try {
       const wd = await decodeRuns(w, o, vocab, "worker: ");
@@ -397,6 +410,8 @@ async function sessionsScenario(
     event_loop_lag_ms: lagSummary(lag),
     flush_ms: flushMs,
     snapshot_lag_ms: { p50: percentile(snapLag, 50), max: Math.max(...snapLag) },
+    warm_mb: o.kvWarmMb,
+    stored_blocks: { kv: engine.kvStats().kv.used, fs: engine.kvStats().fs.used },
   };
 }
 
@@ -462,8 +477,12 @@ function checkOptions(o: BenchOptions): Checked {
     queueDepth: o.queueDepth,
     maxChunk: o.maxChunk,
     sessions: o.sessions ?? 0,
+    kvWarmMb: o.kvWarmMb ?? 512,
     worker: o.worker ?? false,
   };
+  if (!(Number.isInteger(c.kvWarmMb) && c.kvWarmMb >= 0)) {
+    throw new Error(`--kv-warm-mb must be an integer ≥ 0; got ${c.kvWarmMb}`);
+  }
   if (!(Number.isInteger(c.sessions) && c.sessions >= 0)) {
     throw new Error(`--sessions must be an integer ≥ 0; got ${c.sessions}`);
   }
@@ -546,7 +565,8 @@ function intFlag(flag: string, v: string | undefined): number | undefined {
 
 const USAGE = `usage: deno task bench [--model DIR | --shape tinyllama-1.1b|tiny] [--batch 1,8,32]
   [--prompt-len 128] [--new-tokens 256] [--dtype f16|bf16] [--kv-dtype f32|f16] [--profile]
-  [--read-mib N] [--queue-depth N] [--max-chunk N] [--sessions N] [--worker] [--out FILE]`;
+  [--read-mib N] [--queue-depth N] [--max-chunk N] [--sessions N] [--kv-warm-mb N] [--worker]
+  [--out FILE]`;
 
 /** The CLI: parses flags, runs the bench, prints the table, writes `--out`. */
 export async function main(args: string[]): Promise<void> {
@@ -565,6 +585,7 @@ export async function main(args: string[]): Promise<void> {
       "queue-depth": { type: "string" },
       "max-chunk": { type: "string" },
       sessions: { type: "string" },
+      "kv-warm-mb": { type: "string" },
       worker: { type: "boolean" },
       out: { type: "string" },
       help: { type: "boolean", short: "h" },
@@ -585,6 +606,7 @@ export async function main(args: string[]): Promise<void> {
     queueDepth: intFlag("queue-depth", v["queue-depth"]),
     maxChunk: intFlag("max-chunk", v["max-chunk"]),
     sessions: intFlag("sessions", v.sessions),
+    kvWarmMb: intFlag("kv-warm-mb", v["kv-warm-mb"]),
     worker: v.worker,
   });
   console.log(formatTable(result));

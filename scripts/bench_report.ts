@@ -150,6 +150,10 @@ function sessionRows(s: SessionsResult, newTokens: number, indent = ""): [string
       `${indent}  turn end to snapshot stored p50 / max`,
       `${s.snapshot_lag_ms.p50.toFixed(0)} / ${s.snapshot_lag_ms.max.toFixed(0)} ms`,
     ],
+    [
+      `${indent}  blocks stored in Deno KV / files`,
+      `${s.stored_blocks.kv} / ${s.stored_blocks.fs}  (warm budget ${s.warm_mb} MiB)`,
+    ],
   ];
 }
 

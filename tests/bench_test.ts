@@ -77,6 +77,7 @@ Deno.test("bench: runBench on the tiny shape reports every field", async () => {
     prefillRuns: 2,
     profile: gpu.hasTimestamps,
     sessions: 2,
+    kvWarmMb: 0, // every stored block goes on to a file
     worker: true,
     gpu,
   });
@@ -124,6 +125,9 @@ Deno.test("bench: runBench on the tiny shape reports every field", async () => {
   assert.ok(l.p50 > 0 && l.p50 <= l.p95 && l.p95 <= l.max, JSON.stringify(l));
   const sl = s.snapshot_lag_ms;
   assert.ok(sl.p50 >= 0 && sl.p50 <= sl.max, JSON.stringify(sl));
+  assert.equal(s.warm_mb, 0);
+  const stored = s.stored_blocks.kv + s.stored_blocks.fs; // files or on their way there
+  assert.ok(stored >= 2, JSON.stringify(s.stored_blocks));
   // The same measurements with the engine in a worker: every batch, the scenario too.
   const w = r.worker!;
   assert.ok(w.ttft_ms > 0, JSON.stringify(w));
@@ -188,6 +192,7 @@ Deno.test("bench: usage errors name the flag", async () => {
   await assert.rejects(() => runBench({ shape: "tiny", newTokens: 1 }), /--new-tokens/);
   await assert.rejects(() => runBench({ shape: "tiny", maxChunk: 0 }), /--max-chunk/);
   await assert.rejects(() => runBench({ shape: "tiny", sessions: -1 }), /--sessions/);
+  await assert.rejects(() => runBench({ shape: "tiny", kvWarmMb: -1 }), /--kv-warm-mb/);
   assert.throws(() => shapeConfig("llama-70b"), /unknown shape 'llama-70b': use one of/);
 });
 

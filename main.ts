@@ -146,13 +146,19 @@ async function serve(args: string[]): Promise<void> {
     },
   });
   const env = (k: string) => Deno.env.get(k) || undefined;
-  const warmMb = int("kv-warm-mb", v["kv-warm-mb"] ?? env("STRATA_KV_WARM_MB"), 512);
+  const kvPath = v.kv ?? env("STRATA_KV");
+  const kvCold = v["kv-cold"] ?? env("STRATA_KV_COLD");
+  const warmArg = v["kv-warm-mb"] ?? env("STRATA_KV_WARM_MB");
+  const warmMb = int("kv-warm-mb", warmArg, 512);
   if (warmMb < 0) throw new Error(`--kv-warm-mb must be >= 0; got ${warmMb}`);
+  if (!kvPath && (kvCold !== undefined || warmArg !== undefined)) {
+    throw new Error("--kv-cold and --kv-warm-mb need --kv PATH (the session store)");
+  }
   const model = v.model ?? env("STRATA_MODEL") ?? DEFAULT_MODEL;
   // The engine runs in a worker: its GPU waits block that thread, not the server's.
   const engine = await WorkerEngine.load({ dir: model }, {
-    kvPath: v.kv ?? env("STRATA_KV"),
-    kvColdDir: v["kv-cold"] ?? env("STRATA_KV_COLD"),
+    kvPath,
+    kvColdDir: kvCold,
     kvWarmBytes: warmMb * 2 ** 20,
     maxSlots: int("max-slots", v["max-slots"] ?? env("STRATA_MAX_SLOTS"), 16),
     maxQueued: int("max-queued", v["max-queued"] ?? env("STRATA_MAX_QUEUED"), 64),

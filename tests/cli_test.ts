@@ -1,20 +1,23 @@
 /**
  * `main.ts generate` as a user runs it: a real child process on the embedded default model, its
- * JSON on stdout, its errors on stderr with a failing exit code.
+ * JSON on stdout, its errors on stderr with a failing exit code. And `main.ts serve` refusing bad
+ * flags before it loads anything.
  */
 import assert from "node:assert/strict";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
 
-async function generate(...args: string[]) {
+async function main(...args: string[]) {
   const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", MAIN, "generate", ...args],
+    args: ["run", "-A", MAIN, ...args],
     stdout: "piped",
     stderr: "piped",
   }).output();
   const dec = new TextDecoder();
   return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
 }
+
+const generate = (...args: string[]) => main("generate", ...args);
 
 Deno.test("generate: --context-length bounds prompt + max tokens; bad values are refused", async () => {
   const ok = await generate(
@@ -46,4 +49,18 @@ Deno.test("generate: --context-length bounds prompt + max tokens; bad values are
   const bad = await generate("--prompt-ids", "1,2,3", "--context-length", "long");
   assert.notEqual(bad.code, 0);
   assert.match(bad.stderr, /--context-length must be an integer; got 'long'/);
+});
+
+Deno.test("serve: the session store's flags are refused without a store, or out of range", async () => {
+  const cases: [string[], RegExp][] = [
+    [["--kv-warm-mb", "64"], /--kv-cold and --kv-warm-mb need --kv PATH/],
+    [["--kv-cold", "/tmp/x"], /--kv-cold and --kv-warm-mb need --kv PATH/],
+    [["--kv", "/tmp/x.sqlite", "--kv-warm-mb=-1"], /--kv-warm-mb must be >= 0; got -1/],
+    [["--kv", "/tmp/x.sqlite", "--kv-warm-mb", "lots"], /--kv-warm-mb must be an integer/],
+  ];
+  for (const [args, message] of cases) {
+    const r = await main("serve", "--port", "0", ...args);
+    assert.equal(r.code, 1, `${args.join(" ")}: ${r.stderr}`);
+    assert.match(r.stderr, message);
+  }
 });

@@ -353,7 +353,7 @@ export class SessionStore {
 
   async #chunk(entry: ChunkRef): Promise<Uint8Array<ArrayBuffer> | undefined> {
     const { hash, bytes, planes } = entry;
-    const packed = await this.#warmBytes(entry) ??
+    const packed = await this.#fromKv(entry) ??
       (planes ? await this.#readFile(hash, planes) : undefined);
     if (!packed) return undefined;
     try {
@@ -368,7 +368,7 @@ export class SessionStore {
   }
 
   /** A chunk's packed bytes from Deno KV, if all its values are there. */
-  async #warmBytes(entry: ChunkRef): Promise<Uint8Array<ArrayBuffer> | undefined> {
+  async #fromKv(entry: ChunkRef): Promise<Uint8Array<ArrayBuffer> | undefined> {
     const { hash, parts, planes } = entry;
     const got: Deno.KvEntryMaybe<Uint8Array>[] = [];
     for (let i = 0; i < parts; i += 10) { // getMany takes at most 10 keys
@@ -406,10 +406,8 @@ export class SessionStore {
     const run = async () => {
       do {
         this.#again = false;
-        const tiers = this.#tiers();
         try {
-          await this.#pass();
-          if (this.#tiers() !== tiers) this.onTiersChange?.();
+          if (await this.#pass()) this.onTiersChange?.();
         } catch (e) {
           // Closing the store stops a pass where it is, as a crash would (see the module doc).
           if (!this.#closed) console.error(`strata: session store maintenance failed: ${e}`);
@@ -420,12 +418,8 @@ export class SessionStore {
     return this.#maintaining = run();
   }
 
-  /** Every chunk's tier, in one string (compared before and after a pass). */
-  #tiers(): string {
-    return [...this.#chunks].map(([k, c]) => k + c.tier).sort().join();
-  }
-
-  async #pass(): Promise<void> {
+  /** One maintenance pass; true if it deleted or moved any chunk. */
+  async #pass(): Promise<boolean> {
     // Newest update of a session referring to each chunk.
     const used = new Map<string, number>();
     for (const m of await this.list()) {
@@ -437,6 +431,7 @@ export class SessionStore {
     }
     const now = Date.now();
     const warm: { entry: Deno.KvEntry<ChunkMeta>; last: number }[] = [];
+    let changed = false;
     this.#version++;
     this.#chunks.clear();
     for await (const e of this.kv.list<ChunkMeta>({ prefix: ["kvmeta"] })) {
@@ -448,6 +443,7 @@ export class SessionStore {
         for (let p = 0; p < e.value.parts; p++) op.delete(["kvblock", hash, width, p]);
         if ((await op.commit()).ok) {
           await this.#removeFile(hash, width);
+          changed = true;
           continue;
         }
       }
@@ -455,7 +451,7 @@ export class SessionStore {
       if (e.value.tier === "kv" && last !== undefined) warm.push({ entry: e, last });
     }
     await this.#sweepFolder(now);
-    if (this.coldDir === undefined) return;
+    if (this.coldDir === undefined) return changed;
     let over = this.warmUsed - this.warmBytes;
     const queue = warm.sort((a, b) => a.last - b.last).map((w) => w.entry);
     while (over > 0 && queue.length > 0 && !this.#closed) {
@@ -466,8 +462,11 @@ export class SessionStore {
         batch.push(e);
         bytes += e.value.size;
       }
-      over -= await this.#moveToFiles(batch);
+      const moved = await this.#moveToFiles(batch);
+      over -= moved;
+      changed ||= moved > 0;
     }
+    return changed;
   }
 
   /**
@@ -481,7 +480,7 @@ export class SessionStore {
     await Deno.mkdir(dir, { recursive: true });
     const staged = await Promise.all(batch.map(async (e) => {
       const [, hash, width] = e.key as [string, string, number];
-      const data = await this.#warmBytes({ hash, parts: e.value.parts, bytes: 0, planes: width });
+      const data = await this.#fromKv({ hash, parts: e.value.parts, bytes: 0, planes: width });
       if (!data || data.byteLength !== e.value.size) return undefined;
       const path = this.#filePath(hash, width);
       const tmp = `${path}.${crypto.randomUUID()}.tmp`;
@@ -522,14 +521,8 @@ export class SessionStore {
    */
   async #sweepFolder(now: number): Promise<void> {
     if (this.coldDir === undefined) return;
-    let names: Deno.DirEntry[];
-    try {
-      names = await Array.fromAsync(Deno.readDir(this.coldDir));
-    } catch (e) {
-      if (e instanceof Deno.errors.NotFound) return;
-      throw e;
-    }
-    for (const { name, isFile } of names) {
+    const names = await unlessMissing(Array.fromAsync(Deno.readDir(this.coldDir)));
+    for (const { name, isFile } of names ?? []) {
       const m = name.match(/^([0-9a-f]{16})-([0-9]+)\.kvb(\..+\.tmp)?$/);
       if (!isFile || !m) continue;
       if (!m[3] && this.#chunks.has(chunkKey(m[1], Number(m[2])))) continue;
@@ -547,29 +540,17 @@ export class SessionStore {
 
   async #readFile(hash: string, width: number): Promise<Uint8Array<ArrayBuffer> | undefined> {
     if (this.coldDir === undefined) return undefined;
-    try {
-      return await Deno.readFile(this.#filePath(hash, width)) as Uint8Array<ArrayBuffer>;
-    } catch (e) {
-      if (e instanceof Deno.errors.NotFound) return undefined;
-      throw e;
-    }
+    return await unlessMissing(Deno.readFile(this.#filePath(hash, width)));
   }
 
   async #fileSize(hash: string, width: number): Promise<number | undefined> {
     if (this.coldDir === undefined) return undefined;
-    try {
-      return (await Deno.stat(this.#filePath(hash, width))).size;
-    } catch (e) {
-      if (e instanceof Deno.errors.NotFound) return undefined;
-      throw e;
-    }
+    return (await unlessMissing(Deno.stat(this.#filePath(hash, width))))?.size;
   }
 
   async #removeFile(hash: string, width: number): Promise<void> {
     if (this.coldDir === undefined) return;
-    await Deno.remove(this.#filePath(hash, width)).catch((e) => {
-      if (!(e instanceof Deno.errors.NotFound)) throw e;
-    });
+    await unlessMissing(Deno.remove(this.#filePath(hash, width)));
   }
 
   /**
@@ -612,6 +593,16 @@ const MOVE_BATCH = 16;
 
 /** Set once every chunk has a record (stores written before records existed get them at open). */
 const RECORDS_KEY = ["strata", "chunk-records"];
+
+/** `p`'s value, or undefined when it failed because its file or folder is not there. */
+async function unlessMissing<T>(p: Promise<T>): Promise<T | undefined> {
+  try {
+    return await p;
+  } catch (e) {
+    if (e instanceof Deno.errors.NotFound) return undefined;
+    throw e;
+  }
+}
 
 /** In-memory name of a chunk: its hash and element width. */
 function chunkKey(hash: string, width: number): string {

@@ -12,9 +12,11 @@
  * before its manifest), and while the warm chunks take more than their budget it moves those of
  * the least recently updated sessions to files: the file is written (and synced) under a temporary
  * name and renamed, the folder synced, then one atomic commit, checked against the record, flips
- * the record and deletes the chunk's values. Every step leaves a whole copy somewhere; a snapshot that reuses a
- * chunk rewrites its record first, so a move or a deletion that read the old record fails its
- * check. Restore reads a chunk from Deno KV, else from its file.
+ * the record and deletes the chunk's values. Every step leaves a whole copy somewhere. A snapshot
+ * that finds a chunk already stored rewrites its record in a commit checked against what it
+ * read, so a move or a deletion that read the old record fails its check (and one that committed
+ * first makes the snapshot look again). Files that hold no cold chunk are removed after the grace
+ * period. Restore reads a chunk from Deno KV, else from its file.
  */
 import xxhash from "xxhash-wasm";
 import { inflateSync } from "fflate";
@@ -515,9 +517,10 @@ export class SessionStore {
   }
 
   /**
-   * Removes from the cold folder the files of chunks without a record (a deletion stopped
-   * between its commit and the file's removal) and temporary files left by a move that stopped,
-   * once they are older than the grace period.
+   * Removes from the cold folder, once older than the grace period, every file that does not
+   * hold a cold chunk: temporary files of a move that stopped, files of chunks without a record
+   * (a deletion stopped between its commit and the file's removal) and spare copies of chunks
+   * still in Deno KV (a move stopped, or its commit failed, after the rename).
    */
   async #sweepFolder(now: number): Promise<void> {
     if (this.coldDir === undefined) return;
@@ -525,7 +528,7 @@ export class SessionStore {
     for (const { name, isFile } of names ?? []) {
       const m = name.match(/^([0-9a-f]{16})-([0-9]+)\.kvb(\..+\.tmp)?$/);
       if (!isFile || !m) continue;
-      if (!m[3] && this.#chunks.has(chunkKey(m[1], Number(m[2])))) continue;
+      if (!m[3] && this.#chunks.get(chunkKey(m[1], Number(m[2])))?.tier === "fs") continue;
       const path = `${this.coldDir}/${name}`;
       const stat = await Deno.stat(path).catch(() => undefined);
       if (stat && now - (stat.mtime?.getTime() ?? 0) >= this.graceMs) {

@@ -11,18 +11,28 @@ function block(seed: number, bytes: number): Uint8Array {
   return Uint8Array.from({ length: bytes }, (_, i) => (i % 2 ? 0 : r.int(256)));
 }
 
-/** A test on a fresh store in a temporary folder, closed and removed afterwards. */
-function withStore(test: (store: SessionStore) => Promise<void>): () => Promise<void> {
+/** A test given a store path in a temporary folder, removed afterwards. */
+function withPath(test: (path: string) => Promise<void>): () => Promise<void> {
   return async () => {
     const dir = await Deno.makeTempDir({ prefix: "strata-store-" });
-    const store = await SessionStore.open(join(dir, "s.sqlite"));
+    try {
+      await test(join(dir, "s.sqlite"));
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  };
+}
+
+/** A test on a fresh store in a temporary folder, closed and removed afterwards. */
+function withStore(test: (store: SessionStore) => Promise<void>): () => Promise<void> {
+  return withPath(async (path) => {
+    const store = await SessionStore.open(path);
     try {
       await test(store);
     } finally {
       store.close();
-      await Deno.remove(dir, { recursive: true });
     }
-  };
+  });
 }
 
 Deno.test(
@@ -170,10 +180,9 @@ const session = (id: string, updatedAt: number, n: number) => ({
   updatedAt,
 });
 
-Deno.test("session store: over the warm budget, the oldest sessions' chunks move to files and restore bit for bit", async () => {
-  const dir = await Deno.makeTempDir({ prefix: "strata-store-" });
-  const path = join(dir, "s.sqlite");
-  try {
+Deno.test(
+  "session store: over the warm budget, the oldest sessions' chunks move to files and restore bit for bit",
+  withPath(async (path) => {
     const blocks = Array.from({ length: 6 }, (_, i) => block(20 + i, 120_000));
     let store = await SessionStore.open(path);
     assert.equal(store.coldDir, `${path}.cold`);
@@ -223,15 +232,12 @@ Deno.test("session store: over the warm budget, the oldest sessions' chunks move
     } finally {
       store.close();
     }
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
-});
+  }),
+);
 
-Deno.test("session store: chunks no snapshot refers to are deleted in both tiers after the grace period", async () => {
-  const dir = await Deno.makeTempDir({ prefix: "strata-store-" });
-  const path = join(dir, "s.sqlite");
-  try {
+Deno.test(
+  "session store: chunks no snapshot refers to are deleted in both tiers after the grace period",
+  withPath(async (path) => {
     const [x, y, z] = [block(40, 90_000), block(41, 90_000), block(42, 90_000)];
     let store = await SessionStore.open(path, { graceMs: 0, warmBytes: 0 });
     try {
@@ -271,15 +277,12 @@ Deno.test("session store: chunks no snapshot refers to are deleted in both tiers
     } finally {
       store.close();
     }
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
-});
+  }),
+);
 
-Deno.test("session store: a store written before chunk records gets them, and its orphans are collected", async () => {
-  const dir = await Deno.makeTempDir({ prefix: "strata-store-" });
-  const path = join(dir, "s.sqlite");
-  try {
+Deno.test(
+  "session store: a store written before chunk records gets them, and its orphans are collected",
+  withPath(async (path) => {
     let store = await SessionStore.open(path);
     const kept = block(50, 90_000), orphan = block(51, 90_000);
     const [k] = await store.save(session("k", 1, 1), [kept]);
@@ -302,10 +305,8 @@ Deno.test("session store: a store written before chunk records gets them, and it
     } finally {
       store.close();
     }
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
-});
+  }),
+);
 
 /**
  * Runs tests/store_child.ts on the store at `path` and kills it (SIGKILL) a random few ms after
@@ -359,11 +360,10 @@ async function assertConsistent(path: string) {
   }
 }
 
-Deno.test("session store: killed while writing, moving and deleting, it restarts whole", async () => {
-  const dir = await Deno.makeTempDir({ prefix: "strata-store-" });
-  const path = join(dir, "s.sqlite");
-  const r = rng(60);
-  try {
+Deno.test(
+  "session store: killed while writing, moving and deleting, it restarts whole",
+  withPath(async (path) => {
+    const r = rng(60);
     for (let round = 0; round < 4; round++) {
       const lines = await killChild(["write", path, String(round)], 6 + r.int(10), r);
       assert.ok(lines.length >= 6, lines.join("\n"));
@@ -375,7 +375,5 @@ Deno.test("session store: killed while writing, moving and deleting, it restarts
     assert.ok(lines[0].startsWith("deleted"), lines.join("\n"));
     const state = await assertConsistent(path);
     assert.ok(state.sessions < 5, JSON.stringify(state));
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
-});
+  }),
+);

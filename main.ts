@@ -9,10 +9,10 @@
  */
 import { parseArgs } from "node:util";
 import { Engine } from "./engine/engine.ts";
-import { sampling } from "./engine/api.ts";
-import { status } from "./engine/progress.ts";
-import { WorkerEngine } from "./engine/worker_engine.ts";
-import { parseKvDtype } from "./engine/dtype.ts";
+import { sampling } from "./api/types.ts";
+import { status } from "./engine/model/progress.ts";
+import { WorkerEngine } from "./engine/worker/host.ts";
+import { parseKvDtype } from "./gpu/dtype.ts";
 
 /** The model served when none is given: the small model shipped in models/. */
 export const DEFAULT_MODEL = new URL("./models/strata-default", import.meta.url).pathname;

@@ -12,21 +12,21 @@ import type {
   KvStats,
   SessionInfo,
   TokenEvent,
-} from "./api.ts";
-import { getGpu, type Gpu, isCpuAdapter } from "./gpu.ts";
-import { loadModelFolder } from "./model_folder.ts";
-import { type ModelConfig, ropeInvFreq } from "./config.ts";
-import { TextTokenizer } from "./tokenizer.ts";
-import { type ModelWeights, uploadWeights } from "./weights.ts";
-import { KV_BYTES, type KvDtype } from "./dtype.ts";
-import { blockBytes, Decoder } from "./forward.ts";
-import { BLOCK, BlockPool, SequenceBlocks } from "./kv.ts";
-import { checkRequest, EngineBusyError, SessionBusyError } from "./errors.ts";
-import { Sequence } from "./sequence.ts";
-import { Submission } from "./submission.ts";
-import { Pacer } from "./pacer.ts";
-import type { SessionStore } from "./session_store.ts";
-import { Sessions } from "./sessions.ts";
+} from "../api/types.ts";
+import { getGpu, type Gpu, isCpuAdapter } from "../gpu/device.ts";
+import { loadModelFolder } from "./model/folder.ts";
+import { type ModelConfig, ropeInvFreq } from "./model/config.ts";
+import { TextTokenizer } from "./model/tokenizer.ts";
+import { type ModelWeights, uploadWeights } from "./model/weights.ts";
+import { KV_BYTES, type KvDtype } from "../gpu/dtype.ts";
+import { blockBytes, Decoder } from "./runner/forward.ts";
+import { BLOCK, BlockPool, SequenceBlocks } from "./kv/blocks.ts";
+import { checkRequest, EngineBusyError, SessionBusyError } from "../api/errors.ts";
+import { Sequence } from "./sched/sequence.ts";
+import { Submission } from "./runner/submission.ts";
+import { Pacer } from "./sched/pacer.ts";
+import type { SessionStore } from "./sessions/store.ts";
+import { Sessions } from "./sessions/sessions.ts";
 import { packSampleParams, SAMPLE_PARAMS_BYTES } from "../kernels/sample.ts";
 
 /** Options for {@linkcode Engine.load}. */
@@ -216,7 +216,7 @@ export class Engine implements EngineLike {
     return this.tokenizer.decode(ids);
   }
 
-  load() {
+  occupancy() {
     return {
       running: this.#slots.filter(Boolean).length,
       queued: this.#waiting.length,
@@ -267,7 +267,7 @@ export class Engine implements EngineLike {
   /**
    * Starts a generation. With `onToken`, tokens are handed to it as the host reads them back
    * (synchronously, in order) instead of to the generation's iterator, which then yields none:
-   * engine/engine_worker.ts forwards a whole readback round in one message this way.
+   * engine/worker/worker.ts forwards a whole readback round in one message this way.
    *
    * @throws ContextLengthError, EngineBusyError, SessionBusyError, InvalidRequestError
    */
@@ -343,7 +343,7 @@ export class Engine implements EngineLike {
 
   /**
    * The scheduler. Waiting for a readback blocks the host until the GPU has finished everything
-   * submitted (Deno's `mapAsync`, see engine/submission.ts), so the loop keeps one decode
+   * submitted (Deno's `mapAsync`, see engine/runner/submission.ts), so the loop keeps one decode
    * submission encoded but not submitted (`#held`) and submits it the moment that wait returns:
    * the GPU then works while the host reads back, hands out tokens, yields to the event loop
    * and encodes the next one.
@@ -352,7 +352,7 @@ export class Engine implements EngineLike {
    * next to the host's work per readback round), but not behind a prefill that yields a first
    * token, so that token is not held back by decode steps.
    * Before a readback of work whose GPU time it has measured (decode steps, prefill chunks),
-   * the loop sleeps until shortly before the GPU should finish it (engine/pacer.ts), so
+   * the loop sleeps until shortly before the GPU should finish it (engine/sched/pacer.ts), so
    * the wait that blocks the event loop is short: HTTP and WebSocket traffic runs during most
    * of a generation.
    */
@@ -400,7 +400,7 @@ export class Engine implements EngineLike {
         await dones[i];
         this.#process(batch[i]);
       }
-      // Readbacks resolve at once (engine/readback.ts): without this the loop would hold the
+      // Readbacks resolve at once (gpu/readback.ts): without this the loop would hold the
       // event loop until no sequence runs, and streams would flush only at the end.
       await this.#yield();
     }
@@ -410,7 +410,7 @@ export class Engine implements EngineLike {
    * Returns to the event loop for `ms` (default: one timer's wait), or until new work arrives
    * when that is a sleep (`ms` > 0) or no sequence runs: sockets, timers and other I/O get their
    * turn. Needed because readbacks block the event loop until the GPU is done and then resolve
-   * without a timer (engine/readback.ts): a loop awaiting only them would never let the event
+   * without a timer (gpu/readback.ts): a loop awaiting only them would never let the event
    * loop poll, and HTTP writes and new connections would wait for the generation to end.
    *
    * `setTimeout(0)` takes ≈ 2 ms (p50, dev machine and the H200's host), which the GPU covers

@@ -8,9 +8,10 @@
  * `tileRows` / `tileKeys` in {@linkcode attentionDispatch}, e.g. with
  * scripts/sweep_prefill_attention.ts.
  */
-import type { KvDtype } from "../engine/dtype.ts";
-import { type Gpu, isCpuAdapter } from "../engine/gpu.ts";
-import { bindGroup, type Dispatch, params, pipeline, uniform } from "./dispatch.ts";
+import type { KvDtype } from "../gpu/dtype.ts";
+import { type Gpu, isCpuAdapter } from "../gpu/device.ts";
+import { bindGroup, type Dispatch, params, uniform } from "../gpu/dispatch.ts";
+import { pipeline } from "./pipeline.ts";
 
 const BLOCK = 16;
 /** Most threads per workgroup (WebGPU's default `maxComputeInvocationsPerWorkgroup`). */

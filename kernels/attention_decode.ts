@@ -11,9 +11,10 @@
  * {"threads": 256, "splitSize": 320, "minRowGroups": 2}, {"threads": 64, "splitSize": 80}]'` (the
  * plan; 2 splits of 256 threads in two row groups; 8 splits of 64 threads at 640 keys).
  */
-import type { KvDtype } from "../engine/dtype.ts";
-import { createStorage, type Gpu, isCpuAdapter } from "../engine/gpu.ts";
-import { bindGroup, type Dispatch, params, pipeline, uniform, wgsl } from "./dispatch.ts";
+import type { KvDtype } from "../gpu/dtype.ts";
+import { createStorage, type Gpu, isCpuAdapter } from "../gpu/device.ts";
+import { bindGroup, type Dispatch, params, uniform } from "../gpu/dispatch.ts";
+import { pipeline, wgsl } from "./pipeline.ts";
 
 /** Threads of `main`, largest first (the plan's, or fewer where the memory budget is short). */
 const THREADS = [256, 128, 64];

@@ -2,8 +2,9 @@
  * Elementwise f32 kernels: SwiGLU's `silu(gate) * up` and a plain add. See
  * kernels/elementwise.wgsl.
  */
-import type { Gpu } from "../engine/gpu.ts";
-import { bindGroup, type Dispatch, grid, params, pipeline, uniform } from "./dispatch.ts";
+import type { Gpu } from "../gpu/device.ts";
+import { bindGroup, type Dispatch, grid, params, uniform } from "../gpu/dispatch.ts";
+import { pipeline } from "./pipeline.ts";
 
 const WG = 256;
 

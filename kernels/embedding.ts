@@ -2,9 +2,10 @@
  * Embedding lookup: `out[t, :] = table[tokens[t], :]`, the table in any weight dtype, out f32.
  * See kernels/embedding.wgsl.
  */
-import type { Gpu } from "../engine/gpu.ts";
-import { WDTYPE } from "../engine/dtype.ts";
-import { bindGroup, type Dispatch, grid, params, pipeline, uniform } from "./dispatch.ts";
+import type { Gpu } from "../gpu/device.ts";
+import { WDTYPE } from "../gpu/dtype.ts";
+import { bindGroup, type Dispatch, grid, params, uniform } from "../gpu/dispatch.ts";
+import { pipeline } from "./pipeline.ts";
 import type { WeightBuffer } from "./matmul.ts";
 
 const WG = 256;

@@ -2,9 +2,10 @@
  * Fills a buffer with bounded random weights on the GPU (kernels/fill_random.wgsl), so the bench
  * can build a 2 GB model in milliseconds without writing files or streaming bytes from the host.
  */
-import type { Gpu } from "../engine/gpu.ts";
-import { BYTES, type DType, WDTYPE } from "../engine/dtype.ts";
-import { bindGroup, type Dispatch, grid, params, pipeline, uniform } from "./dispatch.ts";
+import type { Gpu } from "../gpu/device.ts";
+import { BYTES, type DType, WDTYPE } from "../gpu/dtype.ts";
+import { bindGroup, type Dispatch, grid, params, uniform } from "../gpu/dispatch.ts";
+import { pipeline } from "./pipeline.ts";
 
 const WG = 256;
 

@@ -2,8 +2,9 @@
  * Wrapper for kernels/logits.wgsl: per-row max, log-sum-exp and argmax of the logits, and the
  * top-k alternatives OpenAI's `top_logprobs` reports. One workgroup per row.
  */
-import type { Gpu } from "../engine/gpu.ts";
-import { type Dispatch, grid, params, pipeline, uniform } from "./dispatch.ts";
+import type { Gpu } from "../gpu/device.ts";
+import { type Dispatch, grid, params, uniform } from "../gpu/dispatch.ts";
+import { pipeline } from "./pipeline.ts";
 import { bindAt, type Binding, checkRowBytes, type RowShape, rowWorkgroupSize } from "./sample.ts";
 
 /** Bytes of one row of `stats`: f32 max, f32 lse, u32 argmax, u32 0. */

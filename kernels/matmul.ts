@@ -61,9 +61,10 @@
  * / 105 / 45.8 / 284 (with the rm rule of {@linkcode smallTuning}). The small matrices stay far
  * below the ceiling at M = 1: a call that reads 8 MB lasts about as long as launch and drain.
  */
-import { createStorage, type Gpu, isCpuAdapter, writeBuffer } from "../engine/gpu.ts";
-import { BYTES, type DType, encode, WDTYPE } from "../engine/dtype.ts";
-import { bindGroup, type Dispatch, grid, params, pipeline, uniform, wgsl } from "./dispatch.ts";
+import { createStorage, type Gpu, isCpuAdapter, writeBuffer } from "../gpu/device.ts";
+import { BYTES, type DType, encode, WDTYPE } from "../gpu/dtype.ts";
+import { bindGroup, type Dispatch, grid, params, uniform } from "../gpu/dispatch.ts";
+import { pipeline, wgsl } from "./pipeline.ts";
 
 /** A weight tensor resident on the GPU: W[rows, cols] row-major, packed per docs/internals.md. */
 export interface WeightBuffer {

@@ -4,9 +4,10 @@
  * kernel would be. Timed with timestamp queries when the adapter has them, else with the wall
  * clock over enough dispatches that Deno's ≈10 ms completion polling does not matter.
  */
-import { type Gpu, isCpuAdapter } from "../engine/gpu.ts";
-import { timePasses } from "../engine/gpu_timing.ts";
-import { bindGroup, pipeline } from "./dispatch.ts";
+import { type Gpu, isCpuAdapter } from "../gpu/device.ts";
+import { timePasses } from "../gpu/timing.ts";
+import { bindGroup } from "../gpu/dispatch.ts";
+import { pipeline } from "./pipeline.ts";
 
 /** One launch shape of the read kernel. */
 export interface ReadLaunch {

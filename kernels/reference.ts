@@ -6,7 +6,7 @@
 
 // ---- section: weights (dtype helpers) ----
 
-import { type DType, type KvDtype, roundTrip } from "../engine/dtype.ts";
+import { type DType, type KvDtype, roundTrip } from "../gpu/dtype.ts";
 
 /**
  * Weight values as the GPU sees them: each rounded through `dtype` and widened to float64.
@@ -512,7 +512,7 @@ export function attentionDecodeRef(
 //      ascending order over the kept set, whose cumulative weight exceeds u * S (S = kept mass).
 //      If rounding leaves none, the last kept id with positive weight.
 //   The reported logprob is logit[tok] - logsumexp(raw logits): unpenalised, untempered.
-import { philoxUniform } from "../engine/philox.ts";
+import { philoxUniform } from "../gpu/philox.ts";
 import type { SamplerSettings } from "./sample.ts";
 
 /** Per-row max, log-sum-exp and argmax (ties: lowest index) of `logits[rows, vocab]`. */

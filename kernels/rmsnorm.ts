@@ -1,8 +1,9 @@
 /**
  * RMSNorm over rows, optionally gathering the rows to normalise. See kernels/rmsnorm.wgsl.
  */
-import { createStorage, type Gpu } from "../engine/gpu.ts";
-import { bindGroup, type Dispatch, grid, params, pipeline, uniform } from "./dispatch.ts";
+import { createStorage, type Gpu } from "../gpu/device.ts";
+import { bindGroup, type Dispatch, grid, params, uniform } from "../gpu/dispatch.ts";
+import { pipeline } from "./pipeline.ts";
 
 const WG = 256;
 

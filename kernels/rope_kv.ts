@@ -2,9 +2,10 @@
  * RoPE on the q and k parts of the fused qkv projection, and the KV-cache write (prefill; a
  * decode step does both inside `attention_decode`). See kernels/rope_kv.wgsl.
  */
-import type { KvDtype } from "../engine/dtype.ts";
-import type { Gpu } from "../engine/gpu.ts";
-import { bindGroup, type Dispatch, grid, params, pipeline, uniform, wgsl } from "./dispatch.ts";
+import type { KvDtype } from "../gpu/dtype.ts";
+import type { Gpu } from "../gpu/device.ts";
+import { bindGroup, type Dispatch, grid, params, uniform } from "../gpu/dispatch.ts";
+import { pipeline, wgsl } from "./pipeline.ts";
 
 const WG = 64;
 

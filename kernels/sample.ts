@@ -4,10 +4,11 @@
  * The order of operations is documented at the top of sample.wgsl; `sampleRef` in
  * kernels/reference.ts is the float64 twin.
  */
-import { type Gpu, isCpuAdapter, writeBuffer } from "../engine/gpu.ts";
-import type { SamplingOptions } from "../engine/api.ts";
-import { seedKey } from "../engine/philox.ts";
-import { type Dispatch, grid, params, pipeline, uniform } from "./dispatch.ts";
+import { type Gpu, isCpuAdapter, writeBuffer } from "../gpu/device.ts";
+import type { SamplingOptions } from "../api/types.ts";
+import { seedKey } from "../gpu/philox.ts";
+import { type Dispatch, grid, params, uniform } from "../gpu/dispatch.ts";
+import { pipeline } from "./pipeline.ts";
 
 /** The sampling settings the kernel reads (a subset of {@linkcode SamplingOptions}). */
 export type SamplerSettings = Pick<

@@ -1,6 +1,7 @@
 /** Wrapper for kernels/step.wgsl: the per-step bookkeeping of the GPU-resident decode loop. */
-import type { Gpu } from "../engine/gpu.ts";
-import { type Dispatch, params, pipeline, uniform } from "./dispatch.ts";
+import type { Gpu } from "../gpu/device.ts";
+import { type Dispatch, params, uniform } from "../gpu/dispatch.ts";
+import { pipeline } from "./pipeline.ts";
 
 /** Per-slot state buffers the step kernels read and write (see step.wgsl). */
 export interface StepBuffers {

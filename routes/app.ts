@@ -7,7 +7,7 @@ import { bodyLimit } from "hono/body-limit";
 import { cors } from "hono/cors";
 import { serveStatic } from "hono/deno";
 import { matchedRoutes } from "hono/route";
-import type { EngineLike } from "../engine/api.ts";
+import type { EngineLike } from "../api/types.ts";
 import { chatRoutes } from "./chat.ts";
 import { completionsRoutes } from "./completions.ts";
 import { fnv1a, type ServerContext, type ServerOptions } from "./context.ts";

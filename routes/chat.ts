@@ -1,6 +1,6 @@
 /** `POST /v1/chat/completions`: OpenAI chat completions, streaming or not. */
 import { Hono } from "hono";
-import type { EngineLike, TokenEvent } from "../engine/api.ts";
+import type { EngineLike, TokenEvent } from "../api/types.ts";
 import { admit, type ServerContext } from "./context.ts";
 import { ApiError } from "./errors.ts";
 import { collect, startChoices, streamRuns, usageOf } from "./generation.ts";

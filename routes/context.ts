@@ -1,5 +1,5 @@
 /** What every route sees: the engine, the options, the metrics, and admission control. */
-import type { EngineLike } from "../engine/api.ts";
+import type { EngineLike } from "../api/types.ts";
 import { ApiError } from "./errors.ts";
 import type { ServerMetrics } from "./metrics.ts";
 
@@ -47,7 +47,7 @@ export function admit(ctx: ServerContext): void {
       code: "shutting_down",
     });
   }
-  const load = ctx.engine.load();
+  const load = ctx.engine.occupancy();
   const limit = Math.min(load.maxQueued, ctx.maxQueued);
   if (load.queued >= limit) {
     const s = ctx.retryAfterSeconds;

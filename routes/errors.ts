@@ -75,7 +75,7 @@ export function badRequest(
   return new ApiError(400, message, { param, code });
 }
 
-/** HTTP status of the engine's edge errors (engine/errors.ts), by their `code`. */
+/** HTTP status of the engine's edge errors (api/errors.ts), by their `code`. */
 const ENGINE_CODES: Record<string, ContentfulStatusCode> = {
   context_length_exceeded: 400,
   invalid_request: 400,

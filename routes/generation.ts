@@ -9,7 +9,7 @@ import type {
   GenerationResult,
   SamplingOptions,
   TokenEvent,
-} from "../engine/api.ts";
+} from "../api/types.ts";
 import type { ServerContext } from "./context.ts";
 import { toApiError } from "./errors.ts";
 

@@ -7,7 +7,7 @@ export function healthRoutes(ctx: ServerContext): Hono {
   return new Hono().get("/", (c) => {
     const { engine } = ctx;
     const shuttingDown = ctx.shutdown?.aborted ?? false;
-    const load = engine.load();
+    const load = engine.occupancy();
     const kv = engine.kvStats();
     return c.json({
       status: shuttingDown ? "shutting_down" : "ok",

@@ -19,7 +19,7 @@
  * | `strata_websocket_connections`         | gauge     |                        |
  */
 import { Hono } from "hono";
-import type { EngineLike } from "../engine/api.ts";
+import type { EngineLike } from "../api/types.ts";
 import { Counter, Gauge, Histogram, Registry } from "./prometheus.ts";
 
 /** The metrics the routes update (one set per app). */
@@ -39,7 +39,7 @@ export interface ServerMetrics {
 const TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40];
 const ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5];
 
-/** Creates the metric set; gauges read `engine.load()` and `engine.kvStats()` at scrape time. */
+/** Creates the metric set; gauges read `engine.occupancy()` and `engine.kvStats()` at scrape time. */
 export function createMetrics(engine: EngineLike): ServerMetrics {
   const r = new Registry();
   const sockets = { open: 0 };
@@ -80,7 +80,7 @@ export function createMetrics(engine: EngineLike): ServerMetrics {
     sockets,
   };
   const load = (key: "running" | "queued" | "maxRunning") => () => [
-    { labels: {}, value: engine.load()[key] },
+    { labels: {}, value: engine.occupancy()[key] },
   ];
   r.add(new Gauge("strata_requests_running", "Sequences in the running batch.", load("running")));
   r.add(new Gauge("strata_requests_queued", "Sequences waiting for admission.", load("queued")));

@@ -1,6 +1,6 @@
 /** `GET /v1/sessions/:id` and `DELETE /v1/sessions/:id`: what a session holds, and forgetting it. */
 import { Hono } from "hono";
-import type { EngineLike, SessionInfo } from "../engine/api.ts";
+import type { EngineLike, SessionInfo } from "../api/types.ts";
 import { ApiError } from "./errors.ts";
 
 function notFound(id: string): ApiError {

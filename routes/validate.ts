@@ -2,7 +2,7 @@
  * Request parsing shared by /v1/completions, /v1/chat/completions and the WebSocket: every
  * field is checked once here and a bad one becomes a 400 naming the field and what to send.
  */
-import type { EngineLike, SamplingOptions } from "../engine/api.ts";
+import type { EngineLike, SamplingOptions } from "../api/types.ts";
 import { ApiError, badRequest } from "./errors.ts";
 import {
   type Body,

@@ -18,9 +18,9 @@
  */
 import { parseArgs } from "node:util";
 import { Engine } from "../engine/engine.ts";
-import { sampling } from "../engine/api.ts";
+import { sampling } from "../api/types.ts";
 import { promptMaker } from "./bench.ts";
-import { parseKvDtype } from "../engine/dtype.ts";
+import { parseKvDtype } from "../gpu/dtype.ts";
 
 const { values: v } = parseArgs({
   options: {

@@ -12,14 +12,14 @@
  */
 import { parseArgs } from "node:util";
 import { Engine, type HostStats } from "../engine/engine.ts";
-import { getGpu, type Gpu } from "../engine/gpu.ts";
-import { syntheticModel } from "../engine/synthetic.ts";
-import { BLOCK } from "../engine/kv.ts";
-import { SessionStore } from "../engine/session_store.ts";
-import { type KvDtype, parseKvDtype } from "../engine/dtype.ts";
-import { status } from "../engine/progress.ts";
-import { type EngineLike, sampling, type SamplingOptions } from "../engine/api.ts";
-import { WorkerEngine } from "../engine/worker_engine.ts";
+import { getGpu, type Gpu } from "../gpu/device.ts";
+import { syntheticModel } from "../engine/model/synthetic.ts";
+import { BLOCK } from "../engine/kv/blocks.ts";
+import { SessionStore } from "../engine/sessions/store.ts";
+import { type KvDtype, parseKvDtype } from "../gpu/dtype.ts";
+import { status } from "../engine/model/progress.ts";
+import { type EngineLike, sampling, type SamplingOptions } from "../api/types.ts";
+import { WorkerEngine } from "../engine/worker/host.ts";
 import { defaultReadBytes, measureReadBandwidth } from "../kernels/read_bandwidth.ts";
 import { profileDecodeStep, profilePrefill, type StepProfile } from "./bench_profile.ts";
 import {
@@ -39,7 +39,7 @@ export const DEFAULT_MODEL = new URL("../models/strata-default", import.meta.url
 export interface BenchOptions {
   /** Model folder (default: the embedded models/strata-default). Excludes `shape`. */
   model?: string;
-  /** A synthetic shape of engine/synthetic.ts (random weights on the GPU) instead of a folder. */
+  /** A synthetic shape of engine/model/synthetic.ts (random weights on the GPU) instead of a folder. */
   shape?: string;
   /** Batch sizes for decode (default [1, 8, 32]); batch 1 is always measured. */
   batch?: number[];
@@ -74,7 +74,7 @@ export interface BenchOptions {
   kvWarmMb?: number;
   /**
    * Also measure the time to first token, decode at every batch size and the sessions scenario
-   * with a second engine in a worker thread, as `deno task start` serves (engine/worker_engine.ts):
+   * with a second engine in a worker thread, as `deno task start` serves (engine/worker/host.ts):
    * its tokens reach this thread by message, and its GPU waits do not block this event loop.
    */
   worker?: boolean;

@@ -5,8 +5,8 @@
  * as one pass for comparison.
  */
 import type { Engine } from "../engine/engine.ts";
-import { timePasses } from "../engine/gpu_timing.ts";
-import { type Dispatch, encode } from "../kernels/dispatch.ts";
+import { timePasses } from "../gpu/timing.ts";
+import { type Dispatch, encode } from "../gpu/dispatch.ts";
 
 /** GPU time of one kernel label, summed over its dispatches in the step. */
 export interface KernelTime {

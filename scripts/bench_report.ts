@@ -2,9 +2,9 @@
  * The bench's arithmetic and its table: decode rate from token arrival times, delivery bursts,
  * percentiles, bytes a decode step must read, and the stdout report.
  */
-import type { ModelConfig } from "../engine/config.ts";
-import type { ModelWeights } from "../engine/weights.ts";
-import { BYTES, KV_BYTES, type KvDtype } from "../engine/dtype.ts";
+import type { ModelConfig } from "../engine/model/config.ts";
+import type { ModelWeights } from "../engine/model/weights.ts";
+import { BYTES, KV_BYTES, type KvDtype } from "../gpu/dtype.ts";
 import type { BenchResult, SessionsResult } from "./bench.ts";
 import { formatProfile } from "./bench_profile.ts";
 

@@ -9,12 +9,12 @@
  */
 import { parseArgs } from "node:util";
 import { join } from "node:path";
-import { type Arch, parseConfig } from "../engine/config.ts";
-import { type DType, encode } from "../engine/dtype.ts";
-import { expectedTensors, loadModelFolder } from "../engine/model_folder.ts";
-import { ReferenceModel, topMargin } from "../engine/reference_forward.ts";
-import { type TensorData, writeSafetensors } from "../engine/safetensors.ts";
-import { TextTokenizer } from "../engine/tokenizer.ts";
+import { type Arch, parseConfig } from "../engine/model/config.ts";
+import { type DType, encode } from "../gpu/dtype.ts";
+import { expectedTensors, loadModelFolder } from "../engine/model/folder.ts";
+import { ReferenceModel, topMargin } from "../engine/model/reference_forward.ts";
+import { type TensorData, writeSafetensors } from "../engine/model/safetensors.ts";
+import { TextTokenizer } from "../engine/model/tokenizer.ts";
 import { buildTokenizer } from "./test_tokenizer.ts";
 
 /** Options for {@linkcode makeTestModel}; every field has a small default. */

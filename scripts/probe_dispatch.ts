@@ -4,8 +4,8 @@
 // straight-line code (on the H200 a trip costs ~30 ns: naga bounds every
 // loop, and the decode attention kernel lost half its time to loops of 8-64 trips).
 //   deno run -A scripts/probe_dispatch.ts
-import { createStorage, getGpu, type Gpu } from "../engine/gpu.ts";
-import type { Dispatch } from "../kernels/dispatch.ts";
+import { createStorage, getGpu, type Gpu } from "../gpu/device.ts";
+import type { Dispatch } from "../gpu/dispatch.ts";
 import { timeCalls } from "./sweep_kernels.ts";
 
 async function time(gpu: Gpu, name: string, code: string, wgs: number): Promise<void> {

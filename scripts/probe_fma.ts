@@ -6,8 +6,8 @@
  *
  *   deno run -A scripts/probe_fma.ts        (TRIPS=n: loop trips per thread, default 512)
  */
-import { createStorage, getGpu } from "../engine/gpu.ts";
-import { timePasses } from "../engine/gpu_timing.ts";
+import { createStorage, getGpu } from "../gpu/device.ts";
+import { timePasses } from "../gpu/timing.ts";
 
 const gpu = await getGpu();
 const body = (t: string, e: string) => `

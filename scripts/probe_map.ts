@@ -1,10 +1,10 @@
 // How Deno's mapAsync behaves: does the call block the calling thread until the GPU is idle
 // (Deno polls the device with Maintain::wait inside the op), and how long until its promise
 // resolves? On the H200 (Deno 2.9.6): the call blocks for the whole queued job, the promise
-// resolves ~11 ms later. engine/engine.ts schedules around it, and engine/readback.ts reads a
+// resolves ~11 ms later. engine/engine.ts schedules around it, and gpu/readback.ts reads a
 // primed buffer as soon as the call returns (the last lines: "early").
 //   deno run -A scripts/probe_map.ts
-import { getGpu } from "../engine/gpu.ts";
+import { getGpu } from "../gpu/device.ts";
 
 const gpu = await getGpu();
 const d = gpu.device;

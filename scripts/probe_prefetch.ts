@@ -6,8 +6,8 @@
 // GPU µs per layer, 22 layers per timed pass (timed as in scripts/sweep_kernels.ts); also B on
 // one W2 for every layer (L2-resident: what a perfect prefetch could reach).
 //   deno run -A scripts/probe_prefetch.ts        (SMALL=1: tiny sizes, to try it on a CPU)
-import { createStorage, getGpu } from "../engine/gpu.ts";
-import { bindGroup, type Dispatch } from "../kernels/dispatch.ts";
+import { createStorage, getGpu } from "../gpu/device.ts";
+import { bindGroup, type Dispatch } from "../gpu/dispatch.ts";
 import { random, timeCalls } from "./sweep_kernels.ts";
 
 const gpu = await getGpu();

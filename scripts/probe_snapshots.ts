@@ -9,8 +9,8 @@
  */
 import { parseArgs } from "node:util";
 import { Engine } from "../engine/engine.ts";
-import { SessionStore } from "../engine/session_store.ts";
-import { sampling } from "../engine/api.ts";
+import { SessionStore } from "../engine/sessions/store.ts";
+import { sampling } from "../api/types.ts";
 import { lagProbe } from "./bench.ts";
 
 const { values: v } = parseArgs({

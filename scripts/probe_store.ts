@@ -7,7 +7,7 @@
  *   deno run -A scripts/probe_store.ts [--sessions 40] [--blocks 3] [--block-kb 704]
  */
 import { parseArgs } from "node:util";
-import { SessionStore } from "../engine/session_store.ts";
+import { SessionStore } from "../engine/sessions/store.ts";
 import { rng } from "../tests/util.ts";
 
 const { values: v } = parseArgs({

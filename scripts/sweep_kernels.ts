@@ -14,10 +14,10 @@
  * options object (kernels/attention_decode.ts), merged over what the engine would pass.
  */
 import { parseArgs } from "node:util";
-import { createStorage, getGpu, type Gpu } from "../engine/gpu.ts";
-import { timePasses } from "../engine/gpu_timing.ts";
-import { shapeConfig, syntheticWeights } from "../engine/synthetic.ts";
-import { type Dispatch, encode } from "../kernels/dispatch.ts";
+import { createStorage, getGpu, type Gpu } from "../gpu/device.ts";
+import { timePasses } from "../gpu/timing.ts";
+import { shapeConfig, syntheticWeights } from "../engine/model/synthetic.ts";
+import { type Dispatch, encode } from "../gpu/dispatch.ts";
 import { matmulDispatches, type MatmulOptions, type WeightBuffer } from "../kernels/matmul.ts";
 import { attentionDecodeDispatches } from "../kernels/attention_decode.ts";
 import { fillRandomDispatch } from "../kernels/fill_random.ts";

@@ -8,8 +8,8 @@
  *     [--variants '[{}, {"tileRows": 64, "tileKeys": 32}]'] [--iterations 5]
  */
 import { parseArgs } from "node:util";
-import { createStorage, getGpu } from "../engine/gpu.ts";
-import type { Dispatch } from "../kernels/dispatch.ts";
+import { createStorage, getGpu } from "../gpu/device.ts";
+import type { Dispatch } from "../gpu/dispatch.ts";
 import { attentionDispatch, type AttentionOptions, chunkWords } from "../kernels/attention.ts";
 import { random, timeCalls } from "./sweep_kernels.ts";
 

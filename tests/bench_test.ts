@@ -3,10 +3,10 @@
  * kernel against a TypeScript reference, and the bench's arithmetic on hand-made inputs.
  */
 import assert from "node:assert/strict";
-import { createStorage, readBuffer } from "../engine/gpu.ts";
-import { decode, type DType } from "../engine/dtype.ts";
-import { shapeConfig } from "../engine/synthetic.ts";
-import { run } from "../kernels/dispatch.ts";
+import { createStorage, readBuffer } from "../gpu/device.ts";
+import { decode, type DType } from "../gpu/dtype.ts";
+import { shapeConfig } from "../engine/model/synthetic.ts";
+import { run } from "../gpu/dispatch.ts";
 import { fillRandomDispatch } from "../kernels/fill_random.ts";
 import { runBench } from "../scripts/bench.ts";
 import {

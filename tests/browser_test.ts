@@ -7,7 +7,7 @@
  */
 import assert from "node:assert/strict";
 import { type Browser, chromium, type Page } from "playwright-core";
-import { WorkerEngine } from "../engine/worker_engine.ts";
+import { WorkerEngine } from "../engine/worker/host.ts";
 import { createApp } from "../routes/app.ts";
 
 const CHROMIUM = "/usr/bin/chromium";
@@ -163,7 +163,7 @@ Deno.test({
         await say(page, "Now write a very long story.");
         const answer = lastAnswer(page);
         const stopButton = page.getByRole("button", { name: "Stop" });
-        await until("the engine to run the sequence", () => engine.load().running === 1, 30_000);
+        await until("the engine to run the sequence", () => engine.occupancy().running === 1, 30_000);
         // Stop once text has arrived, so the partial answer stays in the history.
         await answer.el.locator(".body").filter({ hasText: /\S/ }).waitFor({ timeout: 60_000 });
         assert.equal(await answer.state(), "streaming", "the answer ended before Stop");
@@ -176,7 +176,7 @@ Deno.test({
         assert.equal(await stopButton.isHidden(), true);
         assert.equal(await page.getByRole("button", { name: "Send" }).isEnabled(), true);
         await until("engine to free the sequence", () => {
-          const load = engine.load();
+          const load = engine.occupancy();
           return load.running === 0 && load.queued === 0;
         });
         assert.ok(sent.some((m) => m.type === "cancel"), "no cancel frame was sent");

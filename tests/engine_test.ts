@@ -6,11 +6,11 @@
  */
 import assert from "node:assert/strict";
 import { Engine } from "../engine/engine.ts";
-import { type KvDtype, parseKvDtype } from "../engine/dtype.ts";
-import { SessionStore } from "../engine/session_store.ts";
-import { sampling, type SamplingOptions } from "../engine/api.ts";
-import { loadModelFolder } from "../engine/model_folder.ts";
-import { logSoftmax, ReferenceModel, topMargin } from "../engine/reference_forward.ts";
+import { type KvDtype, parseKvDtype } from "../gpu/dtype.ts";
+import { SessionStore } from "../engine/sessions/store.ts";
+import { sampling, type SamplingOptions } from "../api/types.ts";
+import { loadModelFolder } from "../engine/model/folder.ts";
+import { logSoftmax, ReferenceModel, topMargin } from "../engine/model/reference_forward.ts";
 import { makeTestModel, type TestModelOptions, withTestModel } from "../scripts/make_test_model.ts";
 import { rng, testGpu } from "./util.ts";
 
@@ -313,7 +313,7 @@ Deno.test("engine: timers and sockets get their turn while a generation runs", a
   await withTestModel(SMALL_MODEL, async (dir) => {
     const engine = await Engine.load(dir, { maxSlots: 1, contextLength: 512, maxSteps: 16 });
     await engine.decoder.readback.ring.idle(); // its buffers are primed: every read is early
-    // Readbacks resolve without a timer (engine/readback.ts); if the scheduler never returned
+    // Readbacks resolve without a timer (gpu/readback.ts); if the scheduler never returned
     // to the event loop, a timer or a request made at the first token would wait until the
     // readback pool ran dry (8 submissions, 79 tokens here) or the generation ended. With one
     // yield per readback they get their turn about 16 tokens in (K ramps 1, 2, 4, 8, 16).

@@ -4,8 +4,8 @@
  * no valid token lives.
  */
 import assert from "node:assert/strict";
-import type { KvDtype } from "../engine/dtype.ts";
-import { createStorage, type Gpu, readBuffer, readF32 } from "../engine/gpu.ts";
+import type { KvDtype } from "../gpu/dtype.ts";
+import { createStorage, type Gpu, readBuffer, readF32 } from "../gpu/device.ts";
 import { attentionDispatch, attentionTile, chunkWords } from "../kernels/attention.ts";
 import {
   attentionDecodeDispatches,
@@ -13,7 +13,7 @@ import {
   attentionDecodeScratchBytes,
   decodePlan,
 } from "../kernels/attention_decode.ts";
-import { type Dispatch, run } from "../kernels/dispatch.ts";
+import { type Dispatch, run } from "../gpu/dispatch.ts";
 import {
   attentionDecodeRef,
   attentionRef,
@@ -25,7 +25,7 @@ import {
   ropeKvRef,
 } from "../kernels/reference.ts";
 import { ropeKvDispatch } from "../kernels/rope_kv.ts";
-import { ropeInvFreq } from "../engine/config.ts";
+import { ropeInvFreq } from "../engine/model/config.ts";
 import { assertClose, rng, testGpu } from "./util.ts";
 
 /** Llama-style inverse frequencies, as f32. */

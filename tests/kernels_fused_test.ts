@@ -6,9 +6,9 @@
  * picked it. Shapes repeat so cases share pipelines (each costs a shader compile on llvmpipe).
  */
 import assert from "node:assert/strict";
-import { createStorage } from "../engine/gpu.ts";
-import { type DType, encode } from "../engine/dtype.ts";
-import { run } from "../kernels/dispatch.ts";
+import { createStorage } from "../gpu/device.ts";
+import { type DType, encode } from "../gpu/dtype.ts";
+import { run } from "../gpu/dispatch.ts";
 import {
   interleaveGateUp,
   matmulDispatches,

@@ -5,9 +5,9 @@
  * on llvmpipe every new pipeline costs a shader compile of up to a few seconds.
  */
 import assert from "node:assert/strict";
-import { createStorage, type Gpu, isCpuAdapter, readF32 } from "../engine/gpu.ts";
-import { type DType, encode } from "../engine/dtype.ts";
-import { run } from "../kernels/dispatch.ts";
+import { createStorage, type Gpu, isCpuAdapter, readF32 } from "../gpu/device.ts";
+import { type DType, encode } from "../gpu/dtype.ts";
+import { run } from "../gpu/dispatch.ts";
 import { embeddingDispatch } from "../kernels/embedding.ts";
 import { rmsnormDispatch } from "../kernels/rmsnorm.ts";
 import {

@@ -1,15 +1,15 @@
 /** Model folders: config parsing, safetensors read/write, sharded indexes, validation errors. */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { parseConfig } from "../engine/config.ts";
-import { type DType, encode } from "../engine/dtype.ts";
-import { expectedTensors, loadModelFolder } from "../engine/model_folder.ts";
+import { parseConfig } from "../engine/model/config.ts";
+import { type DType, encode } from "../gpu/dtype.ts";
+import { expectedTensors, loadModelFolder } from "../engine/model/folder.ts";
 import {
   readSafetensorsHeader,
   readTensor,
   readTensorInto,
   writeSafetensors,
-} from "../engine/safetensors.ts";
+} from "../engine/model/safetensors.ts";
 import { makeTestModel } from "../scripts/make_test_model.ts";
 import { rng } from "./util.ts";
 

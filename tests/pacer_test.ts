@@ -3,7 +3,7 @@
  * wait. Times are given explicitly (ms), as the engine passes `performance.now()`.
  */
 import assert from "node:assert/strict";
-import { PACE_MARGIN_MS, PACE_MIN_MS, type Paced, Pacer } from "../engine/pacer.ts";
+import { PACE_MARGIN_MS, PACE_MIN_MS, type Paced, Pacer } from "../engine/sched/pacer.ts";
 
 const decode = (width: number, steps: number, submittedAt: number): Paced => ({
   work: `decode ${width}`,

@@ -3,8 +3,8 @@
  * the mapping promise otherwise, and buffers are reused only after their mapping settled.
  */
 import assert from "node:assert/strict";
-import { ReadbackPool } from "../engine/readback.ts";
-import { createStorage, type Gpu } from "../engine/gpu.ts";
+import { ReadbackPool } from "../gpu/readback.ts";
+import { createStorage, type Gpu } from "../gpu/device.ts";
 import { rng, testGpu } from "./util.ts";
 
 /** Copies `data` through a storage buffer into `dst` (taken from a pool) and submits it. */

@@ -1,8 +1,8 @@
 /** The float64 reference forward pass: known answers, invariants, RoPE scaling, speed. */
 import assert from "node:assert/strict";
-import { ropeInvFreq } from "../engine/config.ts";
-import { roundTrip } from "../engine/dtype.ts";
-import { loadModelFolder } from "../engine/model_folder.ts";
+import { ropeInvFreq } from "../engine/model/config.ts";
+import { roundTrip } from "../gpu/dtype.ts";
+import { loadModelFolder } from "../engine/model/folder.ts";
 import {
   attention,
   greedyGenerate,
@@ -10,7 +10,7 @@ import {
   ReferenceModel,
   rmsnorm,
   rope,
-} from "../engine/reference_forward.ts";
+} from "../engine/model/reference_forward.ts";
 import { makeTestModel } from "../scripts/make_test_model.ts";
 import { assertClose, rng } from "./util.ts";
 

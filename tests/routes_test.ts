@@ -238,8 +238,8 @@ Deno.test("metrics: Prometheus text with request, token, latency, load and KV me
   );
   assert.ok(text.includes("# TYPE strata_inter_token_latency_seconds histogram"));
   assert.equal(value("strata_requests_max_running"), 4);
-  assert.equal(value("strata_requests_running"), engine.load().running);
-  assert.equal(value("strata_requests_queued"), engine.load().queued);
+  assert.equal(value("strata_requests_running"), engine.occupancy().running);
+  assert.equal(value("strata_requests_queued"), engine.occupancy().queued);
   assert.equal(value("strata_kv_gpu_blocks_capacity"), engine.kvStats().gpu.total);
   assert.equal(value('strata_kv_blocks{tier="gpu"}'), engine.kvStats().gpu.used);
   assert.ok(text.includes("# TYPE strata_snapshot_blocks_total counter"));

@@ -6,9 +6,9 @@
  * so each run sees the same samples.
  */
 import assert from "node:assert/strict";
-import { createStorage, type Gpu, readU32 } from "../engine/gpu.ts";
-import { type Philox4, philox4x32, philoxUniform } from "../engine/philox.ts";
-import { run } from "../kernels/dispatch.ts";
+import { createStorage, type Gpu, readU32 } from "../gpu/device.ts";
+import { type Philox4, philox4x32, philoxUniform } from "../gpu/philox.ts";
+import { run } from "../gpu/dispatch.ts";
 import { logitsStatsDispatch, topKDispatch } from "../kernels/logits.ts";
 import {
   packSampleParams,

@@ -1,6 +1,6 @@
 /**
  * End to end: the real server (`Deno.serve` on a random port) with the real engine on a small
- * random test model, in a worker thread as `main.ts serve` runs it (engine/worker_engine.ts),
+ * random test model, in a worker thread as `main.ts serve` runs it (engine/worker/host.ts),
  * driven by the official `openai` client and Deno's WebSocket: completions and chat, streaming or
  * not, n > 1, logprobs, seeds, stop strings, typed client errors, the WebSocket protocol (stream,
  * cancel, two conversations, bad messages), client disconnects, and 16 concurrent streams that
@@ -8,7 +8,7 @@
  */
 import assert from "node:assert/strict";
 import OpenAI from "openai";
-import { WorkerEngine } from "../engine/worker_engine.ts";
+import { WorkerEngine } from "../engine/worker/host.ts";
 import { createApp } from "../routes/app.ts";
 import { makeTestModel } from "../scripts/make_test_model.ts";
 
@@ -34,11 +34,11 @@ const USER = [{ role: "user" as const, content: "Tell me a story about a fox." }
 async function idle(ms = 5000): Promise<void> {
   const end = Date.now() + ms;
   while (Date.now() < end) {
-    const l = engine.load();
+    const l = engine.occupancy();
     if (l.running === 0 && l.queued === 0) return;
     await new Promise((r) => setTimeout(r, 20));
   }
-  throw new Error(`engine still busy after ${ms} ms: ${JSON.stringify(engine.load())}`);
+  throw new Error(`engine still busy after ${ms} ms: ${JSON.stringify(engine.occupancy())}`);
 }
 
 /** Usage without `prompt_tokens_details`: cached tokens depend on what ran before. */
@@ -359,7 +359,7 @@ Deno.test("16 concurrent streams equal the same requests run one at a time", asy
   const alone = [];
   for (const r of requests) alone.push(await streamChat(r));
   let peak = 0;
-  const watch = setInterval(() => (peak = Math.max(peak, engine.load().running)), 2);
+  const watch = setInterval(() => (peak = Math.max(peak, engine.occupancy().running)), 2);
   const together = await Promise.all(requests.map(streamChat)).finally(() => clearInterval(watch));
   assert.ok(peak > 1, `the streams never ran together (peak batch ${peak})`);
   assert.deepEqual(together, alone);

@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { deflateSync } from "fflate";
-import { SessionStore } from "../engine/session_store.ts";
+import { SessionStore } from "../engine/sessions/store.ts";
 import { rng } from "./util.ts";
 
 function block(seed: number, bytes: number): Uint8Array {

@@ -9,7 +9,7 @@
  * - `collect`: with no grace period, deletes the sessions one by one, each followed by a
  *   maintenance pass. Prints `deleted ID`.
  */
-import { SessionStore } from "../engine/session_store.ts";
+import { SessionStore } from "../engine/sessions/store.ts";
 import { rng } from "./util.ts";
 
 const [mode, path, seed] = Deno.args;

@@ -4,14 +4,15 @@
  */
 import assert from "node:assert/strict";
 import { Engine } from "../engine/engine.ts";
-import { sampling } from "../engine/api.ts";
-import { Submission } from "../engine/submission.ts";
+import { sampling } from "../api/types.ts";
+import { Submission } from "../engine/runner/submission.ts";
 import { withTestModel } from "../scripts/make_test_model.ts";
 
 const SMALL_MODEL = { arch: "llama", dtype: "f16", hidden: 64, heads: 2, kvHeads: 1 } as const;
-import { bindGroup, pipeline } from "../kernels/dispatch.ts";
+import { bindGroup } from "../gpu/dispatch.ts";
+import { pipeline } from "../kernels/pipeline.ts";
 import { fillRandomDispatch } from "../kernels/fill_random.ts";
-import { createStorage, readF32 } from "../engine/gpu.ts";
+import { createStorage, readF32 } from "../gpu/device.ts";
 import { testGpu } from "./util.ts";
 
 Deno.test("submission: a GPU validation error rejects `done` with the GPU's message", async () => {

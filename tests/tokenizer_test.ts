@@ -1,7 +1,7 @@
 /** Tokenizer: round trips, streaming detokenization, chat templates. */
 import assert from "node:assert/strict";
-import { loadModelFolder } from "../engine/model_folder.ts";
-import { TextTokenizer } from "../engine/tokenizer.ts";
+import { loadModelFolder } from "../engine/model/folder.ts";
+import { TextTokenizer } from "../engine/model/tokenizer.ts";
 import { makeTestModel } from "../scripts/make_test_model.ts";
 import { buildTokenizer } from "../scripts/test_tokenizer.ts";
 
@@ -21,7 +21,7 @@ const TEXTS = [
 
 /** Streams `ids` through a fresh decoder; returns every piece pushed and the flush. */
 function stream(t: TextTokenizer, ids: number[], skipSpecialTokens = false): string[] {
-  const d = t.createDecoder({ skipSpecialTokens });
+  const d = t.createDetokenizer({ skipSpecialTokens });
   return [...ids.map((id) => d.push(id)), d.flush()];
 }
 
@@ -82,7 +82,7 @@ Deno.test("incremental decoder: no U+FFFD mid-stream, concatenates to the full d
   assert.ok(pieces.every((p) => !p.includes("\uFFFD")));
   assert.ok(pieces.includes("🙂"), `pieces: ${JSON.stringify(pieces)}`);
   // an incomplete character at the very end comes out of flush() as U+FFFD
-  const d = tok.createDecoder();
+  const d = tok.createDetokenizer();
   assert.equal(d.push(emojiIds[0]), "");
   assert.equal(d.flush(), tok.decode([emojiIds[0]]));
 });

@@ -1,6 +1,6 @@
 /** Test helpers: a seeded RNG, array comparison that reports like llm.c, the adapter banner. */
 import assert from "node:assert/strict";
-import { createStorage, getGpu, type Gpu, readF32 } from "../engine/gpu.ts";
+import { createStorage, getGpu, type Gpu, readF32 } from "../gpu/device.ts";
 
 /** mulberry32: a small seeded PRNG; `next()` is uniform in [0, 1). */
 export function rng(seed: number) {

@@ -1,20 +1,20 @@
 /**
- * The engine in a worker (engine/worker_engine.ts), as `main.ts serve` runs it: the same tokens as
+ * The engine in a worker (engine/worker/host.ts), as `main.ts serve` runs it: the same tokens as
  * the engine on this thread, the same errors (thrown before any token, of the same classes), the
  * session table mirrored here (turns, snapshots, deletes, a restart), cancels, the worker's own
  * failures, and this thread's event loop running while the worker waits on the GPU.
  */
 import assert from "node:assert/strict";
-import { sampling, type TokenEvent } from "../engine/api.ts";
+import { sampling, type TokenEvent } from "../api/types.ts";
 import { Engine } from "../engine/engine.ts";
 import {
   ContextLengthError,
   EngineBusyError,
   InvalidRequestError,
   SessionBusyError,
-} from "../engine/errors.ts";
-import { fromWire, toWire, WorkerEngine } from "../engine/worker_engine.ts";
-import type { EngineLike, GenerateRequest } from "../engine/api.ts";
+} from "../api/errors.ts";
+import { fromWire, toWire, WorkerEngine } from "../engine/worker/host.ts";
+import type { EngineLike, GenerateRequest } from "../api/types.ts";
 import { withTestModel } from "../scripts/make_test_model.ts";
 import { testGpu } from "./util.ts";
 
@@ -59,7 +59,7 @@ Deno.test("worker engine: the same tokens, texts and logprobs as the engine on t
         assert.deepEqual(g, w, `request ${i}`);
       }
       assert.ok(want.some((w) => w.result.finishReason === "stop"), "a stop string matched");
-      assert.deepEqual(remote.load(), { running: 0, queued: 0, maxRunning: 4, maxQueued: 64 });
+      assert.deepEqual(remote.occupancy(), { running: 0, queued: 0, maxRunning: 4, maxQueued: 64 });
       assert.deepEqual(remote.kvStats(), local.kvStats());
       assert.ok((await remote.hostStats()).steps > 0, "the worker's host counters");
     } finally {
@@ -156,7 +156,7 @@ Deno.test("worker engine: cancel ends the stream at once and frees the session",
       });
       abort.abort();
       assert.equal((await g2.result).finishReason, "cancelled");
-      assert.deepEqual(engine.load().running + engine.load().queued, 0);
+      assert.deepEqual(engine.occupancy().running + engine.occupancy().queued, 0);
     } finally {
       await engine.close();
     }

@@ -1,7 +1,7 @@
 /**
  * The paged KV cache's bookkeeping (nano-vllm size): a pool of 16-token blocks with reference
  * counts and a chained content hash, so identical prefixes share blocks and a freed block can be
- * found again by content until it is reused. The GPU memory itself lives in engine/forward.ts.
+ * found again by content until it is reused. The GPU memory itself lives in engine/runner/forward.ts.
  */
 import xxhash from "xxhash-wasm";
 

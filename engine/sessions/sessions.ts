@@ -3,13 +3,13 @@
  * cover them. Idle sessions give their blocks back under pressure (least recently used first);
  * with a store, every turn is snapshotted to Deno KV and sessions come back after a restart.
  */
-import type { SessionInfo } from "./api.ts";
-import type { Decoder } from "./forward.ts";
-import { blockBytes } from "./forward.ts";
-import type { KvDtype } from "./dtype.ts";
-import { BLOCK, type BlockPool, SequenceBlocks } from "./kv.ts";
-import { SessionBusyError } from "./errors.ts";
-import type { ChunkRef, SessionStore } from "./session_store.ts";
+import type { SessionInfo } from "../../api/types.ts";
+import type { Decoder } from "../runner/forward.ts";
+import { blockBytes } from "../runner/forward.ts";
+import type { KvDtype } from "../../gpu/dtype.ts";
+import { BLOCK, type BlockPool, SequenceBlocks } from "../kv/blocks.ts";
+import { SessionBusyError } from "../../api/errors.ts";
+import type { ChunkRef, SessionStore } from "./store.ts";
 
 /** Bytes of snapshot blocks copied out of a mapping per task of the event loop. */
 const COPY_SLICE = 4 << 20;

@@ -4,13 +4,13 @@
  * interleaved into one (kernels/matmul.ts `interleaveGateUp`) so one matmul computes each. Norm
  * weights and biases become f32.
  */
-import type { Gpu } from "./gpu.ts";
-import { createStorage, writeBuffer } from "./gpu.ts";
-import { BYTES, decode, type DType, encode } from "./dtype.ts";
+import type { Gpu } from "../../gpu/device.ts";
+import { createStorage, writeBuffer } from "../../gpu/device.ts";
+import { BYTES, decode, type DType, encode } from "../../gpu/dtype.ts";
 import type { ModelConfig } from "./config.ts";
-import type { ModelFolder } from "./model_folder.ts";
+import type { ModelFolder } from "./folder.ts";
 import { readTensor, type TensorInfo } from "./safetensors.ts";
-import { interleaveGateUp, type WeightBuffer } from "../kernels/matmul.ts";
+import { interleaveGateUp, type WeightBuffer } from "../../kernels/matmul.ts";
 import { Progress } from "./progress.ts";
 
 /** One decoder layer on the GPU. */

@@ -5,7 +5,7 @@
 import { Tokenizer } from "@huggingface/tokenizers";
 import { Template } from "@huggingface/jinja";
 import { tokenIds } from "./config.ts";
-import type { ModelFolder } from "./model_folder.ts";
+import type { ModelFolder } from "./folder.ts";
 
 /** One chat message. */
 export interface ChatMessage {
@@ -19,7 +19,7 @@ export interface EncodeOptions {
   addSpecialTokens?: boolean;
 }
 
-/** Options for {@linkcode TextTokenizer.decode} and {@linkcode TextTokenizer.createDecoder}. */
+/** Options for {@linkcode TextTokenizer.decode} and {@linkcode TextTokenizer.createDetokenizer}. */
 export interface DecodeOptions {
   skipSpecialTokens?: boolean;
   /** HF's `clean_up_tokenization_spaces`; default: tokenizer_config.json's (the decoder: false). */
@@ -42,7 +42,7 @@ export interface TextTokenizerOptions {
 }
 
 /** Streaming detokenizer: push ids, get the text they add. */
-export interface IncrementalDecoder {
+export interface Detokenizer {
   /** Adds one token; returns the new text (held back while a UTF-8 character is incomplete). */
   push(id: number): string;
   /** Returns whatever is still held back (possibly U+FFFD for a truly broken byte sequence). */
@@ -173,7 +173,7 @@ export class TextTokenizer {
    * text back while it ends in U+FFFD (an incomplete multi-byte character). Concatenating every
    * `push()` and the final `flush()` gives `decode(ids, {cleanUp: false, ...options})`.
    */
-  createDecoder(options: DecodeOptions = {}): IncrementalDecoder {
+  createDetokenizer(options: DecodeOptions = {}): Detokenizer {
     const ids: number[] = [];
     let prefix = 0; // window start: decoded together so merges/leading spaces are right
     let read = 0; // ids up to here have been emitted

@@ -1,9 +1,9 @@
 /**
- * Worker side of `Packer` (engine/session_store.ts): hashes and packs session snapshot blocks
- * (engine/kv_codec.ts) off the main thread, where they would hold up streamed tokens.
+ * Worker side of `Packer` (engine/sessions/store.ts): hashes and packs session snapshot blocks
+ * (engine/sessions/block_pack.ts) off the main thread, where they would hold up streamed tokens.
  */
 import xxhash from "xxhash-wasm";
-import { packBlock } from "./kv_codec.ts";
+import { packBlock } from "./block_pack.ts";
 
 /** A request: pack `raw`, a block of `width`-byte elements; answer with the same `id`. */
 export interface PackRequest {

@@ -1,5 +1,5 @@
 /** Errors the engine raises at its edge; the server maps each to an HTTP status. */
-import type { GenerateRequest } from "./api.ts";
+import type { GenerateRequest } from "./types.ts";
 
 /** The request cannot fit the model's context (400, code context_length_exceeded). */
 export class ContextLengthError extends Error {

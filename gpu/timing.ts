@@ -4,7 +4,7 @@
  * the bench (read bandwidth, per-kernel profile); never on the serving path (a readback costs
  * ≥ 10 ms in Deno).
  */
-import type { Gpu } from "./gpu.ts";
+import type { Gpu } from "./device.ts";
 
 /** Records the work of one timed pass into the open pass. */
 export type PassBody = (pass: GPUComputePassEncoder) => void;

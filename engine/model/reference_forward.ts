@@ -5,14 +5,14 @@
  * whole sequence, which keeps it obviously correct.
  */
 import { type ModelConfig, ropeInvFreq } from "./config.ts";
-import { decode } from "./dtype.ts";
+import { decode } from "../../gpu/dtype.ts";
 import {
   expectedTensors,
   layerTensorName,
   lmHeadName,
   type ModelFolder,
   TENSOR_NAMES,
-} from "./model_folder.ts";
+} from "./folder.ts";
 import { readTensor } from "./safetensors.ts";
 
 /** One decoder layer's weights, float64, HF layout (linear `[out, in]` row-major). */

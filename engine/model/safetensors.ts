@@ -7,7 +7,7 @@
  * relative to the start of the data (byte 8 + N).
  */
 import { basename, dirname, join } from "node:path";
-import { BYTES, type DType } from "./dtype.ts";
+import { BYTES, type DType } from "../../gpu/dtype.ts";
 
 /** Where one tensor lives on disk. */
 export interface TensorInfo {

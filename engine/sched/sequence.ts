@@ -9,11 +9,11 @@ import type {
   GenerationResult,
   SamplingOptions,
   TokenEvent,
-} from "./api.ts";
-import type { SequenceBlocks } from "./kv.ts";
-import type { TextTokenizer } from "./tokenizer.ts";
+} from "../../api/types.ts";
+import type { SequenceBlocks } from "../kv/blocks.ts";
+import type { TextTokenizer } from "../model/tokenizer.ts";
 import { Channel } from "./channel.ts";
-import { StopMatcher } from "./stop.ts";
+import { StopMatcher } from "../model/stop.ts";
 
 /** What {@linkcode Sequence} needs from the engine. */
 export interface SequenceInit {
@@ -52,7 +52,7 @@ export class Sequence {
   finished = false;
   readonly #generated: number[] = [];
   readonly #out = new Channel<TokenEvent>();
-  readonly #decoder;
+  readonly #detok;
   readonly #stop: StopMatcher;
   readonly #tokenizer: TextTokenizer;
   readonly #start = performance.now();
@@ -70,7 +70,7 @@ export class Sequence {
     this.promptIds = init.request.promptIds;
     this.seed = this.sampling.seed ?? randomSeed();
     this.#tokenizer = init.tokenizer;
-    this.#decoder = init.tokenizer.createDecoder();
+    this.#detok = init.tokenizer.createDetokenizer();
     this.#stop = new StopMatcher(this.sampling.stop);
     this.#cached = init.cached;
     this.#onCancel = init.cancel;
@@ -109,7 +109,7 @@ export class Sequence {
     if (this.#generated.length === 0) this.#ttft = performance.now() - this.#start;
     this.#generated.push(id);
     const eos = this.sampling.stopAtEos !== false && this.#tokenizer.eosIds.includes(id);
-    const piece = eos ? this.#decoder.flush() : this.#decoder.push(id);
+    const piece = eos ? this.#detok.flush() : this.#detok.push(id);
     const { text, stopped } = this.#stop.push(piece);
     const top = alts?.map((a) => ({ ...a, text: this.#tokenizer.tokenText(a.id) }));
     if (eos || stopped) {
@@ -118,7 +118,7 @@ export class Sequence {
       return this.#end("stop");
     }
     if (this.#generated.length >= this.sampling.maxTokens) {
-      const tail = text + this.#stop.push(this.#decoder.flush()).text + this.#stop.flush();
+      const tail = text + this.#stop.push(this.#detok.flush()).text + this.#stop.flush();
       this.#emit({ id, text: tail, logprob, top });
       return this.#end("length");
     }

@@ -6,13 +6,13 @@
  * engine on the server's thread, every readback round held HTTP and WebSocket traffic for its
  * wait: pacing kept that short while one generation ran, but a burst of prefills or session
  * snapshots still held it for hundreds of milliseconds. Here the engine (engine/engine.ts) runs in
- * engine/engine_worker.ts, and this thread keeps only the tokenizer, a mirror of the engine's
+ * engine/worker/worker.ts, and this thread keeps only the tokenizer, a mirror of the engine's
  * state and one stream per generation: the worker sends each readback round's tokens in one
  * message, with the session table's changes and the load and KV counts.
  *
  * What needs an answer at once is answered here: encoding and decoding (a tokenizer of its own),
  * the request checks of `Engine.generate` that throw before any token (prompt, vocabulary,
- * context length, queue full, session busy), `load()`, `kvStats()` and `session(id)` from the
+ * context length, queue full, session busy), `occupancy()`, `kvStats()` and `session(id)` from the
  * mirror (as of the worker's last message).
  */
 import type {
@@ -24,19 +24,19 @@ import type {
   SamplingOptions,
   SessionInfo,
   TokenEvent,
-} from "./api.ts";
-import { Channel } from "./channel.ts";
-import type { EngineOptions, HostStats } from "./engine.ts";
+} from "../../api/types.ts";
+import { Channel } from "../sched/channel.ts";
+import type { EngineOptions, HostStats } from "../engine.ts";
 import {
   checkRequest,
   ContextLengthError,
   EngineBusyError,
   InvalidRequestError,
   SessionBusyError,
-} from "./errors.ts";
-import type { DType, KvDtype } from "./dtype.ts";
-import { loadModelFolder } from "./model_folder.ts";
-import { TextTokenizer } from "./tokenizer.ts";
+} from "../../api/errors.ts";
+import type { DType, KvDtype } from "../../gpu/dtype.ts";
+import { loadModelFolder } from "../model/folder.ts";
+import { TextTokenizer } from "../model/tokenizer.ts";
 
 /** What the worker loads: a model folder, or a named shape with random weights (the bench). */
 export type ModelSpec =
@@ -206,7 +206,7 @@ export class WorkerEngine implements EngineLike {
   static async load(model: ModelSpec, options: WorkerEngineOptions = {}): Promise<WorkerEngine> {
     const folder = await loadModelFolder("dir" in model ? model.dir : model.tokenizerDir);
     const tokenizer = TextTokenizer.load(folder);
-    const worker = new Worker(new URL("./engine_worker.ts", import.meta.url), { type: "module" });
+    const worker = new Worker(new URL("./worker.ts", import.meta.url), { type: "module" });
     try {
       const info = await new Promise<ReadyInfo>((resolve, reject) => {
         // A message posted before the worker's module has run (its imports await the xxhash
@@ -246,7 +246,7 @@ export class WorkerEngine implements EngineLike {
    * Sequences running and waiting: every generation this thread started and has not seen end is
    * one of the two, the worker's last count says how many run.
    */
-  load() {
+  occupancy() {
     const outstanding = this.#gens.size;
     const running = Math.min(this.#state.running, outstanding);
     return {
@@ -290,7 +290,7 @@ export class WorkerEngine implements EngineLike {
   generate(request: GenerateRequest): Generation {
     if (this.#dead) throw this.#dead;
     checkRequest(request, this.#info.vocabSize, this.contextLength);
-    const { queued } = this.load();
+    const { queued } = this.occupancy();
     if (queued >= this.#info.maxQueued) throw new EngineBusyError(queued);
     const { sessionId } = request;
     if (sessionId !== undefined && this.#busy(sessionId)) {

@@ -121,7 +121,7 @@ export function writeBuffer(gpu: Gpu, buffer: GPUBuffer, offset: number, data: A
 
 /**
  * Copies `bytes` from `src` (at `offset`) to the host. Costs ≥ 10 ms on Deno (timer polling):
- * use it in tests and tools; the engine reads through engine/readback.ts.
+ * use it in tests and tools; the engine reads through gpu/readback.ts.
  */
 export async function readBuffer(
   gpu: Gpu,

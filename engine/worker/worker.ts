@@ -1,16 +1,16 @@
 /// <reference lib="deno.worker" />
 /**
- * The worker that hosts the engine for engine/worker_engine.ts. It loads the model (or a named
+ * The worker that hosts the engine for engine/worker/host.ts. It loads the model (or a named
  * shape with random weights), restores sessions from the store, then runs every generation it
  * is sent and reports back in batches: all tokens the engine hands out in one go (a readback
  * round's submission) leave in one message, flushed at the end of the microtask that produced
  * them, with the session infos that changed and the load and KV counters.
  */
-import type { Generation, GenerationResult, SessionInfo, TokenEvent } from "./api.ts";
-import { Engine } from "./engine.ts";
-import { getGpu } from "./gpu.ts";
-import { SessionStore } from "./session_store.ts";
-import { syntheticModel } from "./synthetic.ts";
+import type { Generation, GenerationResult, SessionInfo, TokenEvent } from "../../api/types.ts";
+import { Engine } from "../engine.ts";
+import { getGpu } from "../../gpu/device.ts";
+import { SessionStore } from "../sessions/store.ts";
+import { syntheticModel } from "../model/synthetic.ts";
 import {
   type Batch,
   type FromWorker,
@@ -20,7 +20,7 @@ import {
   type WireError,
   type WorkerEngineOptions,
   type WorkerState,
-} from "./worker_engine.ts";
+} from "./host.ts";
 
 let engine: Engine | undefined;
 const gens = new Map<number, Generation>();
@@ -35,7 +35,7 @@ function post(m: FromWorker): void {
 }
 
 function state(e: Engine): WorkerState {
-  return { running: e.load().running, kv: e.kvStats() };
+  return { running: e.occupancy().running, kv: e.kvStats() };
 }
 
 /** Sends what piled up at the end of the current microtask. */

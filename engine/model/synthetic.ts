@@ -4,18 +4,18 @@
  * comes from a real model folder (its vocabulary may be smaller than the shape's: the extra rows
  * decode to nothing). The numbers such a model produces are meaningless; its speed is not.
  */
-import type { Gpu } from "./gpu.ts";
-import { createStorage } from "./gpu.ts";
-import { BYTES, type DType } from "./dtype.ts";
+import type { Gpu } from "../../gpu/device.ts";
+import { createStorage } from "../../gpu/device.ts";
+import { BYTES, type DType } from "../../gpu/dtype.ts";
 import { type ModelConfig, ropeInvFreq } from "./config.ts";
 import type { LayerWeights, ModelWeights } from "./weights.ts";
-import type { EngineModel } from "./engine.ts";
-import { loadModelFolder } from "./model_folder.ts";
+import type { EngineModel } from "../engine.ts";
+import { loadModelFolder } from "./folder.ts";
 import { TextTokenizer } from "./tokenizer.ts";
 import { Progress } from "./progress.ts";
-import type { WeightBuffer } from "../kernels/matmul.ts";
-import { type Dispatch, run } from "../kernels/dispatch.ts";
-import { fillRandomDispatch } from "../kernels/fill_random.ts";
+import type { WeightBuffer } from "../../kernels/matmul.ts";
+import { type Dispatch, run } from "../../gpu/dispatch.ts";
+import { fillRandomDispatch } from "../../kernels/fill_random.ts";
 
 /** The sizes that define a Llama-family shape. */
 export interface Shape {

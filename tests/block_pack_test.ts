@@ -1,7 +1,7 @@
-/** engine/kv_codec.ts: byte planes round-trip for f32 and f16 blocks; damage is refused. */
+/** engine/sessions/block_pack.ts: byte planes round-trip for f32 and f16 blocks; damage is refused. */
 import assert from "node:assert/strict";
 import { deflateSync } from "fflate";
-import { packBlock, unpackBlock } from "../engine/kv_codec.ts";
+import { packBlock, unpackBlock } from "../engine/sessions/block_pack.ts";
 import { rng } from "./util.ts";
 
 /** K/V-like values: normal-ish magnitudes; `zeros`: a share of them zero (unwritten rows). */

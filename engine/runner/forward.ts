@@ -5,23 +5,23 @@
  * running slot by one token entirely on the GPU (embedding reads the token the previous step
  * sampled). Both end with sampling and `step_end`, which records tokens in the ring.
  */
-import type { Gpu } from "./gpu.ts";
-import { createStorage } from "./gpu.ts";
-import type { ModelConfig } from "./config.ts";
-import type { ModelWeights } from "./weights.ts";
-import { BLOCK } from "./kv.ts";
-import { ReadbackPool } from "./readback.ts";
-import { KV_BYTES, type KvDtype } from "./dtype.ts";
-import { type Dispatch } from "../kernels/dispatch.ts";
-import { embeddingDispatch } from "../kernels/embedding.ts";
-import { rmsnormDispatch } from "../kernels/rmsnorm.ts";
-import { matmulDispatches } from "../kernels/matmul.ts";
-import { ropeKvDispatch } from "../kernels/rope_kv.ts";
-import { attentionDispatch, chunkWords } from "../kernels/attention.ts";
-import { attentionDecodeDispatches } from "../kernels/attention_decode.ts";
-import { sampleDispatch } from "../kernels/sample.ts";
-import { logitsStatsDispatch, topKDispatch } from "../kernels/logits.ts";
-import { type StepBuffers, stepDispatch } from "../kernels/step.ts";
+import type { Gpu } from "../../gpu/device.ts";
+import { createStorage } from "../../gpu/device.ts";
+import type { ModelConfig } from "../model/config.ts";
+import type { ModelWeights } from "../model/weights.ts";
+import { BLOCK } from "../kv/blocks.ts";
+import { ReadbackPool } from "../../gpu/readback.ts";
+import { KV_BYTES, type KvDtype } from "../../gpu/dtype.ts";
+import { type Dispatch } from "../../gpu/dispatch.ts";
+import { embeddingDispatch } from "../../kernels/embedding.ts";
+import { rmsnormDispatch } from "../../kernels/rmsnorm.ts";
+import { matmulDispatches } from "../../kernels/matmul.ts";
+import { ropeKvDispatch } from "../../kernels/rope_kv.ts";
+import { attentionDispatch, chunkWords } from "../../kernels/attention.ts";
+import { attentionDecodeDispatches } from "../../kernels/attention_decode.ts";
+import { sampleDispatch } from "../../kernels/sample.ts";
+import { logitsStatsDispatch, topKDispatch } from "../../kernels/logits.ts";
+import { type StepBuffers, stepDispatch } from "../../kernels/step.ts";
 
 /** Sizes fixed when the decoder is created. */
 export interface DecoderOptions {

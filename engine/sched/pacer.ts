@@ -1,6 +1,6 @@
 /**
  * How long the scheduler may sleep before it waits on a readback. Waiting blocks the event loop
- * until the GPU has finished everything submitted (Deno's `mapAsync`, see engine/readback.ts),
+ * until the GPU has finished everything submitted (Deno's `mapAsync`, see gpu/readback.ts),
  * so the engine sleeps through most of that GPU time first, with the event loop free, and
  * blocks only for the rest.
  *
@@ -9,7 +9,7 @@
  * prefill chunk for each size class.
  */
 
-/** What the pacer needs to know of a submission (engine/submission.ts). */
+/** What the pacer needs to know of a submission (engine/runner/submission.ts). */
 export interface Paced {
   /** `decode <width>` (timed per step) or `prefill <rows>` (per chunk). */
   work: string;

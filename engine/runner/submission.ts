@@ -4,8 +4,8 @@
  * the host maps once per submission, never per token.
  */
 import type { Decoder } from "./forward.ts";
-import type { Sequence } from "./sequence.ts";
-import { type Dispatch, encode } from "../kernels/dispatch.ts";
+import type { Sequence } from "../sched/sequence.ts";
+import { type Dispatch, encode } from "../../gpu/dispatch.ts";
 
 /** The ring's marker for "this slot was already finished at this step". */
 const NO_TOKEN = 0xffffffff;
@@ -47,7 +47,7 @@ export type TakeToken = (
  * left the GPU idle while the host encoded the next submission; the engine now encodes the next
  * one first, requests the readbacks, and submits it the moment the wait returns. The data is
  * taken as soon as the wait returns, not ≥ 10 ms later when the promise would resolve (see
- * engine/readback.ts).
+ * gpu/readback.ts).
  */
 export class Submission {
   /** Host time spent encoding and (once submitted) submitting this command buffer (ms). */

@@ -103,7 +103,7 @@ export interface EngineLike {
   session(id: string): SessionInfo | undefined;
   deleteSession(id: string): Promise<boolean>;
   /** Sequences running now and waiting for admission. */
-  load(): { running: number; queued: number; maxRunning: number; maxQueued: number };
+  occupancy(): { running: number; queued: number; maxRunning: number; maxQueued: number };
   kvStats(): KvStats;
 }
 

@@ -1,6 +1,6 @@
 /**
  * Session snapshots in Deno KV: a session's token ids and the KV blocks that hold them survive a
- * restart. Blocks are content-addressed chunks (packed by engine/kv_codec.ts, named by the xxh64
+ * restart. Blocks are content-addressed chunks (packed by engine/sessions/block_pack.ts, named by the xxh64
  * of their bytes, split into values under Deno KV's 64 KiB limit), written first; then one atomic
  * commit replaces the session's small manifest. Restore verifies every chunk's hash and keeps the
  * longest valid prefix of blocks.
@@ -20,8 +20,8 @@
  */
 import xxhash from "xxhash-wasm";
 import { inflateSync } from "fflate";
-import type { KvDtype } from "./dtype.ts";
-import { packBlock, unpackBlock } from "./kv_codec.ts";
+import type { KvDtype } from "../../gpu/dtype.ts";
+import { packBlock, unpackBlock } from "./block_pack.ts";
 import type { PackRequest, PackResponse } from "./pack_worker.ts";
 
 const hasher = await xxhash();
@@ -38,7 +38,7 @@ interface Packed {
 }
 
 /**
- * Hashes and packs blocks in workers (engine/pack_worker.ts), so that snapshot writes neither
+ * Hashes and packs blocks in workers (engine/sessions/pack_worker.ts), so that snapshot writes neither
  * hold the event loop nor fall behind: a TinyLlama block (720 kB of f32 K and V) takes
  * milliseconds, and a burst of sessions brings hundreds. Up to {@linkcode PACKERS} workers,
  * requests dealt out in turn. If a worker fails, later blocks are packed on the calling thread,
@@ -172,7 +172,7 @@ export interface SessionManifest {
   kv?: KvDtype;
   /**
    * One entry per block, in order: the chunk holding that block's K then V bytes. `planes`: the
-   * element width it was packed with (engine/kv_codec.ts; chunk values under
+   * element width it was packed with (engine/sessions/block_pack.ts; chunk values under
    * `["kvblock", hash, planes, i]`); absent in entries written before: the whole block deflated,
    * under `["chunk", hash, i]`.
    */

@@ -8,7 +8,7 @@
  */
 import { parseArgs } from "node:util";
 import { SessionStore } from "../engine/sessions/store.ts";
-import { rng } from "../tests/util.ts";
+import { rng } from "./rng.ts";
 
 const { values: v } = parseArgs({
   options: {

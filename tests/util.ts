@@ -1,26 +1,10 @@
 /** Test helpers: a seeded RNG, array comparison that reports like llm.c, the adapter banner. */
 import assert from "node:assert/strict";
 import { createStorage, getGpu, type Gpu, readF32 } from "../gpu/device.ts";
+import { type Rng, rng } from "../scripts/rng.ts";
 
-/** mulberry32: a small seeded PRNG; `next()` is uniform in [0, 1). */
-export function rng(seed: number) {
-  let a = seed >>> 0;
-  const next = () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-  /** Uniform in [-scale, scale). */
-  const uniform = (n: number, scale = 1) => {
-    const out = new Float64Array(n);
-    for (let i = 0; i < n; i++) out[i] = (next() * 2 - 1) * scale;
-    return out;
-  };
-  const int = (n: number) => Math.floor(next() * n);
-  return { next, uniform, int };
-}
+/** The seeded RNG, from scripts/rng.ts (scripts use it too; they may not import tests/). */
+export { type Rng, rng };
 
 /** Result of {@linkcode compare}. */
 export interface Comparison {
@@ -113,7 +97,7 @@ export interface OutputRows {
  */
 export function outputRows(
   gpu: Gpu,
-  r: ReturnType<typeof rng>,
+  r: Rng,
   rows: number,
   cols: number,
   strided: boolean,

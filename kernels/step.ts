@@ -1,7 +1,58 @@
-/** Wrapper for kernels/step.wgsl: the per-step bookkeeping of the GPU-resident decode loop. */
+/**
+ * Wrapper for kernels/step.wgsl: the per-step bookkeeping of the GPU-resident decode loop, and
+ * the byte layouts of what it writes that the host reads or writes: the token ring and the
+ * per-slot state.
+ */
 import type { Gpu } from "../gpu/device.ts";
 import { type Dispatch, params, uniform } from "../gpu/dispatch.ts";
 import { pipeline } from "./pipeline.ts";
+
+/** A ring entry's token for "this slot was already finished at this step". */
+export const NO_TOKEN = 0xffffffff;
+/** Bytes of one ring entry: (token id u32, logprob f32). */
+export const RING_ENTRY_BYTES = 8;
+/** Bytes of one slot's state: vec4<u32> (done, tokens still allowed, stop at EOS, unused). */
+export const SLOT_STATE_BYTES = 16;
+
+/** What a slot's state says: running with a token budget, or done. */
+export interface SlotState {
+  /** The slot produces no more tokens (finished, stopped, or empty). */
+  done: boolean;
+  /** Tokens it may still produce. */
+  remaining: number;
+  /** Stop at the model's EOS tokens. */
+  stopAtEos: boolean;
+}
+
+/** The {@linkcode SLOT_STATE_BYTES} of `s`, as step.wgsl reads them. */
+export function slotStateWords(s: SlotState): Uint32Array<ArrayBuffer> {
+  return Uint32Array.of(s.done ? 1 : 0, s.remaining, s.stopAtEos ? 1 : 0, 0);
+}
+
+/** The state of a slot that produces nothing (the initial state of every slot). */
+export const DONE: SlotState = { done: true, remaining: 0, stopAtEos: false };
+
+/** Ring entries copied to the host: entry i is `(token, logprob)` at bytes `[8 i, 8 i + 8)`. */
+export class RingView {
+  readonly #ids: Uint32Array;
+  readonly #logprobs: Float32Array;
+
+  constructor(bytes: ArrayBuffer) {
+    this.#ids = new Uint32Array(bytes);
+    this.#logprobs = new Float32Array(bytes);
+  }
+
+  /** Entry i's token id, or undefined when its slot was already finished (NO_TOKEN). */
+  token(i: number): number | undefined {
+    const t = this.#ids[2 * i];
+    return t === NO_TOKEN ? undefined : t;
+  }
+
+  /** Entry i's logprob (natural log, before temperature). */
+  logprob(i: number): number {
+    return this.#logprobs[2 * i + 1];
+  }
+}
 
 /** Per-slot state buffers the step kernels read and write (see step.wgsl). */
 export interface StepBuffers {
@@ -31,7 +82,7 @@ const WG = 64;
 
 /** Builds a step_begin or step_end dispatch over slots [slotBegin, slotEnd). */
 export function stepDispatch(gpu: Gpu, bufs: StepBuffers, o: StepOptions): Dispatch {
-  const pipe = pipeline(gpu, "step.wgsl", { entryPoint: o.entry, constants: { WG } });
+  const pipe = pipeline(gpu, "step.wgsl", { entryPoint: o.entry, constants: { WG, NO_TOKEN } });
   const u = uniform(
     gpu,
     params([o.slotBegin, o.slotEnd, o.vocab, o.ringOffset ?? 0, o.trashPos, o.nEos]),

@@ -25,8 +25,8 @@ struct Params {
 @group(0) @binding(8) var<storage, read_write> eos: array<u32>;
 
 override WG: u32 = 64;
-
-const NO_TOKEN: u32 = 0xffffffffu;
+// The ring's token for a slot that was already finished (kernels/step.ts NO_TOKEN).
+override NO_TOKEN: u32;
 
 @compute @workgroup_size(WG)
 fn step_begin(@builtin(global_invocation_id) g: vec3u) {

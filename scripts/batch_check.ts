@@ -45,7 +45,7 @@ if (promptMax + tokens > context) {
 }
 const kvDtype = parseKvDtype(v["kv-dtype"]);
 const engine = await Engine.load(v.model, { maxSlots: batch, contextLength: context, kvDtype });
-const vocab = engine.decoder.cfg.vocabSize;
+const vocab = engine.config.vocabSize;
 // Ragged prompts of 1..promptMax tokens, so the batch's slots sit at different positions.
 const prompts = Array.from(
   { length: batch },

@@ -226,8 +226,8 @@ async function measure(
       engineOptions,
     )
     : await Engine.load(o.model, engineOptions);
-  const cfg = engine.decoder.cfg;
-  if (engine.pool.blocks.length - 1 < maxBatch * Math.ceil(context / BLOCK)) {
+  const cfg = engine.config;
+  if (engine.kvStats().gpu.total < maxBatch * Math.ceil(context / BLOCK)) {
     status(`bench: the KV pool cannot hold batch ${maxBatch} at once; it will queue`, true);
   }
 
@@ -274,19 +274,19 @@ async function measure(
         const meanContext = Math.round(o.promptLen + o.newTokens / 2);
         profile.push(await profileDecodeStep(engine, { slots: b, context: meanContext }));
       }
-      const tokens = Math.min(o.promptLen, engine.decoder.opts.maxChunk);
+      const tokens = Math.min(o.promptLen, engine.opts.maxChunk);
       status(`bench: profiling one prefill chunk of ${tokens} tokens`);
       profile.push(await profilePrefill(engine, { tokens }));
     }
   }
 
   const meanContext = o.promptLen + o.newTokens / 2;
-  const bytes: BytesPerToken = bytesPerToken(cfg, engine.decoder.w, meanContext, o.kvDtype);
+  const bytes: BytesPerToken = bytesPerToken(cfg, engine.weights, meanContext, o.kvDtype);
   return {
     model: engine.modelId,
     adapter: engine.adapterName,
     shape: o.shape ?? null,
-    dtype: engine.decoder.w.dtype,
+    dtype: engine.weights.dtype,
     kv_dtype: o.kvDtype,
     batch: o.batch,
     prompt_len: o.promptLen,

@@ -63,12 +63,11 @@ export async function profileDecodeStep(
   options: ProfileOptions,
 ): Promise<StepProfile> {
   const { slots, context } = options;
-  const d = engine.decoder;
-  engine.gpu.device.queue.writeBuffer(d.step.seqLen, 0, new Uint32Array(slots).fill(context));
-  const dispatches = d.decodeStep(slots, 0, 0, false);
+  const dispatches = engine.profileDecodeStep(slots, context);
   const p = await profileDispatches(engine, dispatches, options.iterations);
   // Eight steps as the engine encodes a submission (ring rows k = 0..7), after a warm pass.
-  const eight = Array.from({ length: 8 }, (_, k) => d.decodeStep(slots, 0, k, false)).flat();
+  const eight = Array.from({ length: 8 }, (_, k) => engine.profileDecodeStep(slots, context, k))
+    .flat();
   const body = (pass: GPUComputePassEncoder) => encode(pass, eight);
   const runs: number[] = [];
   for (let i = 0; i < (options.iterations ?? 5); i++) {
@@ -96,14 +95,8 @@ export async function profilePrefill(
   engine: Engine,
   options: PrefillProfileOptions,
 ): Promise<StepProfile> {
-  const d = engine.decoder, T = options.tokens;
-  if (!(T >= 1 && T <= d.opts.maxChunk)) {
-    throw new Error(`prefill profile: tokens must be 1..${d.opts.maxChunk}; got ${T}`);
-  }
-  const q = engine.gpu.device.queue;
-  q.writeBuffer(d.blockTable, 0, new Uint32Array(d.maxBlocks)); // block 0 of every row: trash
-  d.writePrefill(Array.from({ length: T }, (_, i) => (i * 7919) % d.cfg.vocabSize), 0, 0);
-  const dispatches = d.prefill(T, { slot: 0, pos0: 0, last: false, region: 0, withTop: false });
+  const T = options.tokens;
+  const dispatches = engine.profilePrefill(T);
   return {
     slots: 1,
     context: T,

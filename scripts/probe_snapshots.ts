@@ -28,7 +28,7 @@ try {
     contextLength: turns * 84 + 16,
     store,
   });
-  const vocab = Math.min(engine.decoder.cfg.vocabSize, 540);
+  const vocab = Math.min(engine.config.vocabSize, 540);
   let history: number[] = [];
   const out: string[] = [];
   for (let turn = 0; turn < turns; turn++) {

@@ -163,7 +163,11 @@ Deno.test({
         await say(page, "Now write a very long story.");
         const answer = lastAnswer(page);
         const stopButton = page.getByRole("button", { name: "Stop" });
-        await until("the engine to run the sequence", () => engine.occupancy().running === 1, 30_000);
+        await until(
+          "the engine to run the sequence",
+          () => engine.occupancy().running === 1,
+          30_000,
+        );
         // Stop once text has arrived, so the partial answer stays in the history.
         await answer.el.locator(".body").filter({ hasText: /\S/ }).waitFor({ timeout: 60_000 });
         assert.equal(await answer.state(), "streaming", "the answer ended before Stop");

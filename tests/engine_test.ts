@@ -283,7 +283,7 @@ Deno.test("engine: prefill launches are built per size class, for any slot and p
   await testGpu();
   await withTestModel(SMALL_MODEL, async (dir) => {
     const engine = await Engine.load(dir, { maxSlots: 2, contextLength: 512, maxChunk: 200 });
-    const d = engine.decoder;
+    const d = engine.runner.forward;
     assert.deepEqual(
       [1, 2, 3, 5, 32, 33, 64, 65, 190, 193, 200].map((n) => d.prefillRows(n)),
       [1, 2, 4, 8, 32, 64, 64, 96, 192, 200, 200],
@@ -312,7 +312,7 @@ Deno.test("engine: timers and sockets get their turn while a generation runs", a
   );
   await withTestModel(SMALL_MODEL, async (dir) => {
     const engine = await Engine.load(dir, { maxSlots: 1, contextLength: 512, maxSteps: 16 });
-    await engine.decoder.readback.ring.idle(); // its buffers are primed: every read is early
+    await engine.runner.readback.ring.idle(); // its buffers are primed: every read is early
     // Readbacks resolve without a timer (gpu/readback.ts); if the scheduler never returned
     // to the event loop, a timer or a request made at the first token would wait until the
     // readback pool ran dry (8 submissions, 79 tokens here) or the generation ended. With one

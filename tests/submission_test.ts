@@ -5,7 +5,6 @@
 import assert from "node:assert/strict";
 import { Engine } from "../engine/engine.ts";
 import { sampling } from "../api/types.ts";
-import { Submission } from "../engine/runner/submission.ts";
 import { withTestModel } from "../scripts/make_test_model.ts";
 
 const SMALL_MODEL = { arch: "llama", dtype: "f16", hidden: 64, heads: 2, kvHeads: 1 } as const;
@@ -22,16 +21,16 @@ Deno.test("submission: a GPU validation error rejects `done` with the GPU's mess
     // A real pipeline bound to a buffer too small for its uniform: invalid on every backend.
     const pipe = pipeline(gpu, "step.wgsl", { entryPoint: "step_begin", constants: { WG: 64 } });
     const tiny = gpu.device.createBuffer({ size: 4, usage: GPUBufferUsage.UNIFORM });
-    const s = engine.decoder.step;
+    const [seqLen, pos, slotState] = [8, 8, 32].map((bytes) => createStorage(gpu, bytes));
     gpu.device.pushErrorScope("validation"); // the bind group's own error is expected here
     const bad = {
       label: "bad",
       pipeline: pipe,
-      bindGroup: bindGroup(gpu, pipe, [tiny, s.seqLen, s.pos, s.slotState]),
+      bindGroup: bindGroup(gpu, pipe, [tiny, seqLen, pos, slotState]),
       workgroups: [1, 1, 1] as [number, number, number],
     };
     await gpu.device.popErrorScope();
-    const sub = new Submission(engine.decoder, [bad], {
+    const sub = engine.runner.submission([bad], {
       region: 0,
       steps: 1,
       slots: [undefined, undefined],
@@ -57,17 +56,17 @@ Deno.test("submission: a discarded submission never runs", async () => {
     const target = createStorage(gpu, 64 * 4);
     const fill = fillRandomDispatch(gpu, target, { count: 64, dtype: "f32", scale: 1, seed: 3 });
     const o = { region: 0, steps: 0, slots: [undefined], top: false };
-    const dropped = new Submission(engine.decoder, [fill], o);
+    const dropped = engine.runner.submission([fill], o);
     dropped.discard();
     assert.throws(() => dropped.submit(), /submitted when discarded/);
     assert.throws(() => dropped.done, /read when discarded/);
     // Anything submitted later is done only after the GPU is idle: the target is still zeros.
-    const later = new Submission(engine.decoder, [], o);
+    const later = engine.runner.submission([], o);
     later.submit();
     await later.done;
     assert.deepEqual([...await readF32(gpu, target, 64)], new Array(64).fill(0));
     // The same dispatch, submitted, does write it.
-    const kept = new Submission(engine.decoder, [fill], o);
+    const kept = engine.runner.submission([fill], o);
     kept.submit();
     await kept.done;
     assert.ok((await readF32(gpu, target, 64)).some((v) => v !== 0));

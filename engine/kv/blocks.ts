@@ -1,26 +1,20 @@
 /**
  * The paged KV cache's bookkeeping (nano-vllm size): a pool of 16-token blocks with reference
  * counts and a chained content hash, so identical prefixes share blocks and a freed block can be
- * found again by content until it is reused. The GPU memory itself lives in engine/runner/forward.ts.
+ * found again by content until it is reused. The GPU memory itself is engine/kv/pool.ts.
  */
 import xxhash from "xxhash-wasm";
 
 /** Tokens per block. */
 export const BLOCK = 16;
 
-/** Life of a block: in a sequence, cached but free to reuse, or being spilled. */
-export type BlockState = "active" | "inactive" | "pending-evict";
-/** Where a block's contents live. */
-export type Tier = "gpu" | "kv" | "fs";
-
-/** Per-block bookkeeping (DESIGN.md "KV: paged, tiered, content-addressed"). */
+/**
+ * Per-block bookkeeping (DESIGN.md "KV: paged, tiered, content-addressed"): a block nobody
+ * references (refCount 0) is free, and keeps its content until it is allocated again.
+ */
 export interface Block {
   id: number;
   refCount: number;
-  state: BlockState;
-  tier: Tier;
-  accessCount: number;
-  lastAccess: number;
   /** Chained xxh64 of (parent hash, token ids); 0n until the block is full. */
   hash: bigint;
   /** Token ids of a full block (checked on a hash hit). */
@@ -57,10 +51,6 @@ export class BlockPool {
     this.blocks = Array.from({ length: numBlocks }, (_, id) => ({
       id,
       refCount: id === 0 ? 1 : 0,
-      state: id === 0 ? "active" : "inactive",
-      tier: "gpu",
-      accessCount: 0,
-      lastAccess: 0,
       hash: 0n,
       tokens: [],
     }));
@@ -83,8 +73,7 @@ export class BlockPool {
     if (id === undefined) throw new OutOfBlocksError(1, 0);
     const b = this.blocks[id];
     if (b.hash !== 0n && this.#byHash.get(b.hash) === id) this.#byHash.delete(b.hash);
-    Object.assign(b, { refCount: 1, state: "active", hash: 0n, tokens: [], accessCount: 1 });
-    b.lastAccess = performance.now();
+    Object.assign(b, { refCount: 1, hash: 0n, tokens: [] });
     return id;
   }
 
@@ -96,13 +85,8 @@ export class BlockPool {
     if (b.tokens.length !== tokens.length || b.tokens.some((t, i) => t !== tokens[i])) {
       return undefined;
     }
-    if (b.refCount === 0) {
-      this.#free.splice(this.#free.indexOf(id), 1);
-      b.state = "active";
-    }
+    if (b.refCount === 0) this.#free.splice(this.#free.indexOf(id), 1);
     b.refCount++;
-    b.accessCount++;
-    b.lastAccess = performance.now();
     return id;
   }
 
@@ -119,7 +103,6 @@ export class BlockPool {
     const b = this.blocks[id];
     if (b.refCount <= 0) throw new Error(`internal error: release of free block ${id}`);
     if (--b.refCount === 0) {
-      b.state = "inactive";
       if (b.hash === 0n) this.#free.unshift(id); // nothing worth keeping: reuse first
       else this.#free.push(id);
     }

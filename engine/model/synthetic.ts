@@ -9,7 +9,7 @@ import { createStorage } from "../../gpu/device.ts";
 import { BYTES, type DType } from "../../gpu/dtype.ts";
 import { type ModelConfig, ropeInvFreq } from "./config.ts";
 import type { LayerWeights, ModelWeights } from "./weights.ts";
-import type { EngineModel } from "../engine.ts";
+import type { GpuModel } from "./gpu_model.ts";
 import { loadModelFolder } from "./folder.ts";
 import { TextTokenizer } from "./tokenizer.ts";
 import { Progress } from "./progress.ts";
@@ -208,7 +208,7 @@ export async function syntheticModel(
   gpu: Gpu,
   shape: string,
   options: SyntheticModelOptions,
-): Promise<EngineModel> {
+): Promise<GpuModel> {
   const folder = await loadModelFolder(options.tokenizerDir);
   const tokenizer = TextTokenizer.load(folder);
   const config = { ...shapeConfig(shape), eosIds: tokenizer.eosIds };

@@ -1,18 +1,19 @@
 /**
- * The decoder's forward pass as GPU dispatches (llama2.c's `forward()`, one line per kernel).
- * `Decoder` owns the weights, the paged KV pools, scratch and per-slot state buffers, and builds
- * two kinds of work: a prefill of one sequence's new tokens, and a decode step that advances every
- * running slot by one token entirely on the GPU (embedding reads the token the previous step
- * sampled). Both end with sampling and `step_end`, which records tokens in the ring.
+ * The forward pass as GPU dispatches (llama2.c's `forward()`, one line per kernel). `ForwardPass`
+ * owns the weights and the scratch buffers and builds two kinds of work over the runner's slot
+ * buffers (engine/runner/slots.ts) and the KV pool (engine/kv/pool.ts): a prefill of one
+ * sequence's new tokens, and a decode step that advances every running slot by one token
+ * entirely on the GPU (embedding reads the token the previous step sampled). Both end with
+ * sampling and `step_end`, which records tokens in the ring. Built dispatches are memoised per
+ * shape: the hot loop only encodes them.
  */
 import type { Gpu } from "../../gpu/device.ts";
 import { createStorage } from "../../gpu/device.ts";
+import type { Dispatch } from "../../gpu/dispatch.ts";
 import type { ModelConfig } from "../model/config.ts";
 import type { ModelWeights } from "../model/weights.ts";
-import { BLOCK } from "../kv/blocks.ts";
-import { ReadbackPool } from "../../gpu/readback.ts";
-import { KV_BYTES, type KvDtype } from "../../gpu/dtype.ts";
-import { type Dispatch } from "../../gpu/dispatch.ts";
+import type { KvPool } from "../kv/pool.ts";
+import type { SlotBuffers, SlotLayout } from "./slots.ts";
 import { embeddingDispatch } from "../../kernels/embedding.ts";
 import { rmsnormDispatch } from "../../kernels/rmsnorm.ts";
 import { matmulDispatches } from "../../kernels/matmul.ts";
@@ -21,47 +22,22 @@ import { attentionDispatch, chunkWords } from "../../kernels/attention.ts";
 import { attentionDecodeDispatches } from "../../kernels/attention_decode.ts";
 import { sampleDispatch } from "../../kernels/sample.ts";
 import { logitsStatsDispatch, topKDispatch } from "../../kernels/logits.ts";
-import { type StepBuffers, stepDispatch } from "../../kernels/step.ts";
+import { stepDispatch } from "../../kernels/step.ts";
 
-/** Sizes fixed when the decoder is created. */
-export interface DecoderOptions {
-  /** Batch slots (sequences decoding together). */
-  maxSlots: number;
-  /** Tokens per prefill chunk. */
+/** Sizes of the scratch, fixed when the forward pass is created. */
+export interface ForwardOptions {
+  /** Tokens per prefill chunk (rows of the scratch). */
   maxChunk: number;
-  /** Longest sequence (prompt + generated). */
-  contextLength: number;
-  /** KV blocks in the pool (block 0 is the trash block). */
-  numBlocks: number;
-  /** Decode steps per submission at most. */
-  maxSteps: number;
-  /** Ring regions (submissions in flight + prefills). */
-  regions: number;
-  /** Alternatives kept per token for top_logprobs. */
-  topK: number;
-  /** Element type of the KV pools. */
-  kvDtype: KvDtype;
 }
 
-/** Bytes one KV block takes in each of the K and V pools. */
-export function blockBytes(cfg: ModelConfig, kvDtype: KvDtype): number {
-  return cfg.nLayers * cfg.nKvHeads * BLOCK * cfg.headDim * KV_BYTES[kvDtype];
-}
-
-/** Weights plus every buffer a forward pass touches, and builders for its dispatches. */
-export class Decoder {
-  readonly maxBlocks: number;
-  readonly trashPos: number;
-  readonly kPool: GPUBuffer;
-  readonly vPool: GPUBuffer;
-  readonly blockTable: GPUBuffer; // u32 [maxSlots, maxBlocks]
-  readonly step: StepBuffers;
-  readonly params: GPUBuffer; // sampling params [maxSlots]
-  readonly topRing: GPUBuffer; // (id, logprob) [regions, maxSteps, maxSlots, topK]
-  readonly eosCount: number;
-  /** Mappable buffers the token ring and the top ring of one submission are copied into. */
-  readonly readback: { ring: ReadbackPool; top: ReadbackPool };
-  // Scratch, all f32 unless noted; T = maxChunk rows.
+/** Weights and scratch, and builders for the dispatches of a prefill chunk and a decode step. */
+export class ForwardPass {
+  /** Tokens per prefill chunk at most. */
+  readonly maxChunk: number;
+  readonly #slots: SlotBuffers;
+  readonly #layout: SlotLayout;
+  readonly #kv: KvPool;
+  // Scratch, all f32 unless noted; T = maxChunk rows, S = slots.
   readonly #x: GPUBuffer; // [T, H] residual stream
   readonly #qkv: GPUBuffer; // [T, (Hq + 2 Hkv) D]
   readonly #q: GPUBuffer; // [T, Hq, D] rotated queries (prefill; decode rotates on load)
@@ -85,38 +61,16 @@ export class Decoder {
     readonly gpu: Gpu,
     readonly cfg: ModelConfig,
     readonly w: ModelWeights,
-    readonly opts: DecoderOptions,
-    eosIds: number[],
+    o: { kv: KvPool; slots: SlotBuffers; layout: SlotLayout; maxChunk: number },
   ) {
-    const { maxSlots: S, maxChunk: T } = opts;
+    this.#kv = o.kv;
+    this.#slots = o.slots;
+    this.#layout = o.layout;
+    this.maxChunk = o.maxChunk;
+    const S = o.layout.shape.maxSlots, T = o.maxChunk;
     const { hiddenSize: H, nHeads, nKvHeads, headDim: D, intermediateSize: F } = cfg;
     const V = cfg.vocabSize;
-    const buf = (bytes: number, label: string, data?: ArrayBufferView) =>
-      createStorage(gpu, bytes, data, label);
-    this.maxBlocks = Math.ceil(opts.contextLength / BLOCK) + 1;
-    this.trashPos = (this.maxBlocks - 1) * BLOCK;
-    this.kPool = buf(opts.numBlocks * blockBytes(cfg, opts.kvDtype), "k_pool");
-    this.vPool = buf(opts.numBlocks * blockBytes(cfg, opts.kvDtype), "v_pool");
-    this.blockTable = buf(S * this.maxBlocks * 4, "block_table"); // zeros: the trash block
-    const eos = eosIds.length ? eosIds : [0xffffffff];
-    this.eosCount = eosIds.length;
-    const done = new Uint32Array(S * 4).map((_, i) => (i % 4 === 0 ? 1 : 0));
-    this.step = {
-      seqLen: buf(S * 4, "seq_len"),
-      pos: buf(S * 4, "decode_pos"),
-      slotState: buf(S * 16, "slot_state", done),
-      nextTok: buf(S * 4, "next_tok"),
-      sampled: buf(S * 8, "sampled"),
-      ring: buf(opts.regions * opts.maxSteps * S * 8, "ring"),
-      counts: buf(S * V * 4, "counts"),
-      eos: buf(eos.length * 4, "eos", Uint32Array.from(eos)),
-    };
-    this.params = buf(S * 64, "sample_params");
-    this.topRing = buf(opts.regions * opts.maxSteps * this.topStride(), "top_ring");
-    this.readback = {
-      ring: new ReadbackPool(gpu.device, opts.maxSteps * S * 8, 8),
-      top: new ReadbackPool(gpu.device, opts.maxSteps * this.topStride(), 2),
-    };
+    const buf = (bytes: number, label: string) => createStorage(gpu, bytes, undefined, label);
     const qkvCols = (nHeads + 2 * nKvHeads) * D;
     this.#x = buf(T * H * 4, "x");
     this.#qkv = buf(T * qkvCols * 4, "qkv");
@@ -131,16 +85,6 @@ export class Decoder {
     this.#prefillSeq = buf(T * 4, "prefill_seq");
     this.#lastRow = buf(4, "last_row");
     this.#prefillChunk = buf(16, "prefill_chunk");
-  }
-
-  /** Bytes per (region, step) row of the top-logprobs ring (256-aligned for bind offsets). */
-  topStride(): number {
-    return Math.ceil((this.opts.maxSlots * this.opts.topK * 8) / 256) * 256;
-  }
-
-  /** Ring entry offset (in entries) of (region, step). */
-  ringOffset(region: number, k: number): number {
-    return (region * this.opts.maxSteps + k) * this.opts.maxSlots;
   }
 
   /**
@@ -188,8 +132,8 @@ export class Decoder {
       headDim: c.headDim,
       layer,
       nLayers: c.nLayers,
-      maxBlocks: this.maxBlocks,
-      kvDtype: this.opts.kvDtype,
+      maxBlocks: this.#layout.maxBlocks,
+      kvDtype: this.#kv.dtype,
     };
   }
 
@@ -219,10 +163,10 @@ export class Decoder {
     const g = this.gpu, V = this.cfg.vocabSize;
     const out = [sampleDispatch(g, {
       logits: this.#logits,
-      params: this.params,
-      position: this.step.seqLen,
-      counts: this.step.counts,
-      out: this.step.sampled,
+      params: this.#slots.params,
+      position: this.#slots.step.seqLen,
+      counts: this.#slots.step.counts,
+      out: this.#slots.step.sampled,
     }, { rows, vocab: V })];
     if (withTop) {
       out.push(logitsStatsDispatch(g, { logits: this.#logits, stats: this.#stats }, {
@@ -230,14 +174,14 @@ export class Decoder {
         vocab: V,
       }));
       const top = {
-        buffer: this.topRing,
-        offset: (region * this.opts.maxSteps + k) * this.topStride(),
-        size: this.topStride(),
+        buffer: this.#slots.topRing,
+        offset: (region * this.#layout.shape.maxSteps + k) * this.#layout.topStride(),
+        size: this.#layout.topStride(),
       };
       out.push(topKDispatch(g, { logits: this.#logits, stats: this.#stats, out: top }, {
         rows,
         vocab: V,
-        k: this.opts.topK,
+        k: this.#layout.shape.topK,
       }));
     }
     return out;
@@ -245,14 +189,14 @@ export class Decoder {
 
   #stepEnd(slotBegin: number, slotEnd: number, region: number, k: number): Dispatch[] {
     const key = `${slotBegin}:${slotEnd}:${region}:${k}`;
-    return memo(this.#stepEnds, key, () => [stepDispatch(this.gpu, this.step, {
+    return memo(this.#stepEnds, key, () => [stepDispatch(this.gpu, this.#slots.step, {
       entry: "step_end",
       slotBegin,
       slotEnd,
       vocab: this.cfg.vocabSize,
-      ringOffset: this.ringOffset(region, k),
-      trashPos: this.trashPos,
-      nEos: this.eosCount,
+      ringOffset: this.#layout.ringOffset(region, k),
+      trashPos: this.#layout.trashPos,
+      nEos: this.#slots.eosCount,
     })], 4096);
   }
 
@@ -265,7 +209,7 @@ export class Decoder {
    */
   prefillRows(count: number): number {
     const rows = count <= 32 ? 2 ** Math.ceil(Math.log2(count)) : Math.ceil(count / 32) * 32;
-    return Math.min(rows, this.opts.maxChunk);
+    return Math.min(rows, this.maxChunk);
   }
 
   /**
@@ -315,18 +259,18 @@ export class Decoder {
         ropeKvDispatch(g, {
           qkv: this.#qkv,
           q: this.#q,
-          kPool: this.kPool,
-          vPool: this.vPool,
+          kPool: this.#kv.k,
+          vPool: this.#kv.v,
           pos: this.#prefillPos,
           tokSeq: this.#prefillSeq,
-          blockTable: this.blockTable,
+          blockTable: this.#slots.blockTable,
           invFreq: this.w.invFreq,
         }, { tokens: rows, ...this.#heads(layer) }),
         attentionDispatch(g, {
           q: this.#q,
-          kPool: this.kPool,
-          vPool: this.vPool,
-          blockTable: this.blockTable,
+          kPool: this.#kv.k,
+          vPool: this.#kv.v,
+          blockTable: this.#slots.blockTable,
           out: this.#attn,
           chunk: this.#prefillChunk,
         }, { tokens: rows, ...this.#heads(layer) }),
@@ -345,11 +289,11 @@ export class Decoder {
    */
   writePrefill(ids: number[], slot: number, pos0: number): void {
     const n = ids.length, rows = this.prefillRows(n);
-    if (!(n >= 1 && n <= this.opts.maxChunk && pos0 + n <= this.opts.contextLength)) {
+    if (!(n >= 1 && n <= this.maxChunk && pos0 + n <= this.#layout.shape.contextLength)) {
       throw new Error(`internal error: prefill of ${n} tokens at ${pos0}`);
     }
     const q = this.gpu.device.queue;
-    const tok = new Uint32Array(rows), pos = new Uint32Array(rows).fill(this.trashPos);
+    const tok = new Uint32Array(rows), pos = new Uint32Array(rows).fill(this.#layout.trashPos);
     tok.set(ids);
     for (let i = 0; i < n; i++) pos[i] = pos0 + i;
     q.writeBuffer(this.#prefillTok, 0, tok);
@@ -365,15 +309,19 @@ export class Decoder {
     if (!body) {
       const g = this.gpu, c = this.cfg;
       body = [
-        stepDispatch(g, this.step, {
+        stepDispatch(g, this.#slots.step, {
           entry: "step_begin",
           slotBegin: 0,
           slotEnd: slots,
           vocab: c.vocabSize,
-          trashPos: this.trashPos,
-          nEos: this.eosCount,
+          trashPos: this.#layout.trashPos,
+          nEos: this.#slots.eosCount,
         }),
-        embeddingDispatch(g, { table: this.w.embed, tokens: this.step.nextTok, out: this.#x }, {
+        embeddingDispatch(g, {
+          table: this.w.embed,
+          tokens: this.#slots.step.nextTok,
+          out: this.#x,
+        }, {
           count: slots,
         }),
         // RoPE and the KV write at `pos` (step_begin's: the trash position for finished slots)
@@ -381,16 +329,16 @@ export class Decoder {
         ...this.#layers(slots, (layer) =>
           attentionDecodeDispatches(g, {
             qkv: this.#qkv,
-            pos: this.step.pos,
+            pos: this.#slots.step.pos,
             invFreq: this.w.invFreq,
-            kPool: this.kPool,
-            vPool: this.vPool,
-            blockTable: this.blockTable,
-            seqLen: this.step.seqLen,
+            kPool: this.#kv.k,
+            vPool: this.#kv.v,
+            blockTable: this.#slots.blockTable,
+            seqLen: this.#slots.step.seqLen,
             out: this.#attn,
           }, {
             seqs: slots,
-            maxContext: this.opts.contextLength,
+            maxContext: this.#layout.shape.contextLength,
             ...this.#heads(layer),
           })),
         // Final norm folded into the LM head: logits = norm(x) · W_lmᵀ

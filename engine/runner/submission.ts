@@ -3,34 +3,50 @@
  * the ring rows of its steps, copied into a mappable buffer inside the same command buffer, so
  * the host maps once per submission, never per token.
  */
-import type { Decoder } from "./forward.ts";
-import type { Sequence } from "../sched/sequence.ts";
+import type { Gpu } from "../../gpu/device.ts";
 import { type Dispatch, encode } from "../../gpu/dispatch.ts";
+import type { ReadbackPool } from "../../gpu/readback.ts";
+import { RingView } from "../../kernels/step.ts";
+import type { SlotBuffers, SlotLayout } from "./slots.ts";
 
-/** The ring's marker for "this slot was already finished at this step". */
-const NO_TOKEN = 0xffffffff;
+/** What a submission reads about the sequence in a slot. */
+export interface SlotOccupant {
+  /** Ended on the host (stop string, cancel): its later tokens are dropped. */
+  readonly finished: boolean;
+  /** Alternatives to report with each token (0: none). */
+  readonly topLogprobs: number;
+}
+
+/** The runner's buffers a submission encodes against and reads back from. */
+export interface SubmissionContext {
+  gpu: Gpu;
+  layout: SlotLayout;
+  slots: SlotBuffers;
+  /** Mappable buffers the token ring and the top ring of one submission are copied into. */
+  readback: { ring: ReadbackPool; top: ReadbackPool };
+}
 
 /** Options for {@linkcode Submission}. */
-export interface SubmissionOptions {
-  /** Ring region the steps write (see Decoder.ringOffset). */
+export interface SubmissionOptions<T extends SlotOccupant> {
+  /** Ring region the steps write (see SlotLayout.ringOffset). */
   region: number;
   /** Steps that record tokens (0 for a prefill chunk that is not the last). */
   steps: number;
   /** The sequence in each batch slot when submitted. */
-  slots: (Sequence | undefined)[];
+  slots: (T | undefined)[];
   /** Also read back the top-k alternatives (top_logprobs). */
   top: boolean;
   /** A prefill chunk (default: decode steps). */
   prefill?: boolean;
-  /** Rows the prefill chunk runs as (its size class; see Decoder.prefillRows). */
+  /** Rows the prefill chunk runs as (its size class; see ForwardPass.prefillRows). */
   rows?: number;
   /** Prompt tokens the prefill chunk computes. */
   tokens?: number;
 }
 
 /** A token as read back: which sequence, its id, logprob and alternatives. */
-export type TakeToken = (
-  seq: Sequence,
+export type TakeToken<T> = (
+  seq: T,
   token: number,
   logprob: number,
   alts?: { id: number; logprob: number }[],
@@ -49,7 +65,7 @@ export type TakeToken = (
  * taken as soon as the wait returns, not ≥ 10 ms later when the promise would resolve (see
  * gpu/readback.ts).
  */
-export class Submission {
+export class Submission<T extends SlotOccupant> {
   /** Host time spent encoding and (once submitted) submitting this command buffer (ms). */
   hostMs: number;
   /** When it was submitted (`performance.now()`, ms; 0 before). */
@@ -71,11 +87,11 @@ export class Submission {
   #topData?: ArrayBuffer;
 
   constructor(
-    readonly decoder: Decoder,
+    readonly ctx: SubmissionContext,
     dispatches: Iterable<Dispatch>,
-    readonly o: SubmissionOptions,
+    readonly o: SubmissionOptions<T>,
   ) {
-    const d = decoder, dev = d.gpu.device, S = d.opts.maxSlots;
+    const { layout, slots, readback } = ctx, dev = ctx.gpu.device;
     const t0 = performance.now();
     this.width = o.slots.findLastIndex(Boolean) + 1;
     this.work = o.prefill ? `prefill ${o.rows}` : `decode ${this.width}`;
@@ -87,16 +103,16 @@ export class Submission {
     const pass = enc.beginComputePass();
     encode(pass, dispatches);
     pass.end();
-    this.#staging = d.readback.ring.take();
+    this.#staging = readback.ring.take();
     if (o.steps) {
-      const bytes = o.steps * S * 8;
-      enc.copyBufferToBuffer(d.step.ring, d.ringOffset(o.region, 0) * 8, this.#staging, 0, bytes);
+      const from = layout.ringByteOffset(o.region, 0);
+      enc.copyBufferToBuffer(slots.step.ring, from, this.#staging, 0, layout.ringBytes(o.steps));
     }
     if (o.top && o.steps) {
-      const stride = d.topStride();
-      this.#top = d.readback.top.take();
-      const from = o.region * d.opts.maxSteps * stride;
-      enc.copyBufferToBuffer(d.topRing, from, this.#top, 0, o.steps * stride);
+      const stride = layout.topStride();
+      this.#top = readback.top.take();
+      const from = o.region * layout.shape.maxSteps * stride;
+      enc.copyBufferToBuffer(slots.topRing, from, this.#top, 0, o.steps * stride);
     }
     this.#cb = enc.finish();
     this.#scoped();
@@ -105,7 +121,7 @@ export class Submission {
 
   /** Pops the two error scopes pushed before a GPU call, keeping their results. */
   #scoped(): void {
-    const dev = this.decoder.gpu.device;
+    const dev = this.ctx.gpu.device;
     const oom = dev.popErrorScope(), invalid = dev.popErrorScope();
     this.#errors.push(invalid, oom);
   }
@@ -115,7 +131,7 @@ export class Submission {
     if (this.#state !== "encoded") {
       throw new Error(`internal error: a submission was submitted when ${this.#state}`);
     }
-    const dev = this.decoder.gpu.device;
+    const dev = this.ctx.gpu.device;
     const t0 = performance.now();
     dev.pushErrorScope("validation");
     dev.pushErrorScope("out-of-memory");
@@ -134,8 +150,8 @@ export class Submission {
     }
     this.#cb = undefined;
     this.#state = "discarded";
-    this.decoder.readback.ring.give(this.#staging);
-    if (this.#top) this.decoder.readback.top.give(this.#top);
+    this.ctx.readback.ring.give(this.#staging);
+    if (this.#top) this.ctx.readback.top.give(this.#top);
   }
 
   /**
@@ -151,12 +167,12 @@ export class Submission {
       throw new Error(`internal error: a submission was read when ${this.#state}`);
     }
     if (!this.#done) {
-      const { ring, top } = this.decoder.readback, S = this.decoder.opts.maxSlots;
+      const { readback: { ring, top }, layout } = this.ctx;
       const steps = this.o.steps;
       this.#done = Promise.all([
         ...this.#errors,
-        ring.read(this.#staging, steps * S * 8).then((b) => (this.#ring = b)),
-        this.#top && top.read(this.#top, steps * this.decoder.topStride())
+        ring.read(this.#staging, layout.ringBytes(steps)).then((b) => (this.#ring = b)),
+        this.#top && top.read(this.#top, steps * layout.topStride())
           .then((b) => (this.#topData = b)),
       ]).then((r) => {
         const e = r.slice(0, this.#errors.length).find((x) => x) as GPUError | undefined;
@@ -170,27 +186,25 @@ export class Submission {
    * After `done`: hands every recorded token to `take`, in step order, skipping sequences that
    * finished meanwhile; a slot the GPU had already stopped is reported through `stopped`.
    */
-  read(take: TakeToken, stopped: (seq: Sequence) => void): void {
-    const S = this.decoder.opts.maxSlots, K = this.decoder.opts.topK;
-    const ring = new Uint32Array(this.#ring!);
-    const ringF = new Float32Array(ring.buffer);
+  read(take: TakeToken<T>, stopped: (seq: T) => void): void {
+    const { layout } = this.ctx, S = layout.shape.maxSlots;
+    const ring = new RingView(this.#ring!);
     const raw = this.#topData;
     const topIds = raw && new Uint32Array(raw), topLps = raw && new Float32Array(raw);
-    const stride = this.decoder.topStride() / 4;
     for (let k = 0; k < this.o.steps; k++) {
       this.o.slots.forEach((seq, s) => {
         if (!seq || seq.finished) return;
-        const i = (k * S + s) * 2;
-        if (ring[i] === NO_TOKEN) return stopped(seq);
+        const token = ring.token(k * S + s);
+        if (token === undefined) return stopped(seq);
         let alts: { id: number; logprob: number }[] | undefined;
-        if (topIds && topLps && seq.sampling.topLogprobs > 0) {
-          const base = k * stride + s * K * 2;
-          alts = Array.from({ length: seq.sampling.topLogprobs }, (_, j) => ({
+        if (topIds && topLps && seq.topLogprobs > 0) {
+          const base = layout.topOffset(k, s);
+          alts = Array.from({ length: seq.topLogprobs }, (_, j) => ({
             id: topIds[base + 2 * j],
             logprob: topLps[base + 2 * j + 1],
           }));
         }
-        take(seq, ring[i], ringF[i + 1], alts);
+        take(seq, token, ring.logprob(k * S + s), alts);
       });
     }
   }

@@ -88,6 +88,11 @@ export class Sequence {
     };
   }
 
+  /** Alternatives to report with each token (0: none). */
+  get topLogprobs(): number {
+    return this.sampling.topLogprobs;
+  }
+
   /** Tokens the GPU will still produce after what was submitted. */
   get gpuRemaining(): number {
     return this.sampling.maxTokens - this.stepsSubmitted;

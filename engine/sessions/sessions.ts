@@ -1,15 +1,16 @@
 /**
- * The sessions an engine keeps between requests: each holds its token ids and the KV blocks that
- * cover them. Idle sessions give their blocks back under pressure (least recently used first);
- * with a store, every turn is snapshotted to Deno KV and sessions come back after a restart.
+ * The sessions an engine keeps between requests (the table: engine/sessions/table.ts) and their
+ * snapshots: with a store, every turn is snapshotted to Deno KV, copying from the GPU only the
+ * blocks the turn added, and sessions come back onto the GPU after a restart.
  */
 import type { SessionInfo } from "../../api/types.ts";
-import type { Decoder } from "../runner/forward.ts";
-import { blockBytes } from "../runner/forward.ts";
 import type { KvDtype } from "../../gpu/dtype.ts";
-import { BLOCK, type BlockPool, SequenceBlocks } from "../kv/blocks.ts";
-import { SessionBusyError } from "../../api/errors.ts";
+import { BLOCK, SequenceBlocks } from "../kv/blocks.ts";
+import type { KvPool } from "../kv/pool.ts";
 import type { ChunkRef, SessionStore } from "./store.ts";
+import { type SessionEntry, SessionTable } from "./table.ts";
+
+export type { SessionEntry } from "./table.ts";
 
 /** Bytes of snapshot blocks copied out of a mapping per task of the event loop. */
 const COPY_SLICE = 4 << 20;
@@ -38,13 +39,6 @@ async function copyOut(staging: GPUBuffer, n: number, bytes: number): Promise<Ui
   return blocks;
 }
 
-/** One session: what the API reports, its blocks, and whether a request is using it. */
-export interface SessionEntry {
-  info: SessionInfo;
-  blocks: SequenceBlocks;
-  busy: boolean;
-}
-
 /** What the store holds of a session: its last committed snapshot. */
 interface Committed {
   tokens: Uint32Array;
@@ -59,9 +53,9 @@ export interface SnapshotStats {
   blocksReused: number;
 }
 
-/** The session table of one engine. */
+/** The sessions of one engine and their snapshots in the store. */
 export class Sessions {
-  readonly #map = new Map<string, SessionEntry>();
+  readonly table: SessionTable;
   readonly #snapshots = new Map<string, Promise<void>>();
   /** Blocks of each session's last snapshot in the store (for the tiers' metrics). */
   readonly #stored = new Map<string, ChunkRef[]>();
@@ -75,45 +69,39 @@ export class Sessions {
   /** The last snapshot copy out of a mapping (they run one at a time). */
   #copying: Promise<unknown> = Promise.resolve();
   readonly #stats: SnapshotStats = { blocksCopied: 0, blocksReused: 0 };
-  /**
-   * Called with a session's id whenever what {@linkcode get} reports of it changes (created,
-   * turn ended, persisted, evicted, deleted): the worker mirrors the table to the server's thread.
-   */
-  onChange?: (id: string) => void;
 
   constructor(
-    readonly decoder: Decoder,
-    readonly pool: BlockPool,
+    readonly kv: KvPool,
     readonly modelId: string,
     readonly store?: SessionStore,
-  ) {}
-
-  get(id: string): SessionEntry | undefined {
-    return this.#map.get(id);
+  ) {
+    this.table = new SessionTable(kv.blocks);
   }
 
-  /** Starts a new session around `blocks`, marked busy. */
-  create(id: string, blocks: SequenceBlocks): SessionEntry {
-    const now = Date.now();
-    const entry = { info: { id, tokens: 0, createdAt: now, updatedAt: now }, blocks, busy: true };
-    this.#map.set(id, entry);
-    this.onChange?.(id);
-    return entry;
+  get(id: string): SessionEntry | undefined {
+    return this.table.get(id);
   }
 
   /** Every session's info. */
   list(): SessionInfo[] {
-    return [...this.#map.values()].map((s) => s.info);
+    return this.table.list();
   }
 
-  /** Frees a session's blocks and forgets it, in the store too. */
+  /**
+   * Called with a session's id whenever what {@linkcode get} reports of it changes (created,
+   * turn ended, persisted, evicted, deleted).
+   */
+  set onChange(fn: ((id: string) => void) | undefined) {
+    this.table.onChange = fn;
+  }
+
+  /**
+   * Frees a session's blocks and forgets it, in the store too.
+   *
+   * @throws SessionBusyError while a request uses it
+   */
   async delete(id: string): Promise<boolean> {
-    const s = this.#map.get(id);
-    if (!s) return false;
-    if (s.busy) throw new SessionBusyError(id);
-    s.blocks.free();
-    this.#map.delete(id);
-    this.onChange?.(id);
+    if (!this.table.remove(id)) return false;
     await this.#snapshots.get(id);
     await this.store?.delete(id);
     this.#setStored(id, undefined);
@@ -121,14 +109,17 @@ export class Sessions {
     return true;
   }
 
-  /** After a failed turn: the session keeps no KV (it may be garbage) and is free again. */
-  abandon(id: string | undefined): void {
-    const s = id === undefined ? undefined : this.#map.get(id);
-    if (!s) return;
-    s.blocks.free();
-    s.busy = false;
-    s.info.tokens = 0;
-    this.onChange?.(id!);
+  /**
+   * Ends a turn (see SessionTable.endTurn) and snapshots the session; blocks of a sequence
+   * without a session go back to the pool.
+   */
+  release(
+    id: string | undefined,
+    blocks: SequenceBlocks,
+    o: { tokens: readonly number[]; prefilled: boolean },
+  ): void {
+    const session = this.table.endTurn(id, blocks, o);
+    if (session) this.snapshot(session);
   }
 
   #setStored(id: string, blocks: ChunkRef[] | undefined): void {
@@ -178,22 +169,6 @@ export class Sessions {
   }
 
   /**
-   * Frees the KV of idle sessions, least recently used first, until `need` blocks are free. An
-   * evicted session stays known; its next turn prefills again (or finds its blocks by hash).
-   */
-  evict(need: number): void {
-    const idle = [...this.#map.values()]
-      .filter((s) => !s.busy && s.blocks.table.length > 0)
-      .sort((a, b) => a.info.updatedAt - b.info.updatedAt);
-    for (const s of idle) {
-      if (this.pool.freeCount >= need) return;
-      s.blocks.free();
-      s.info.tokens = 0;
-      this.onChange?.(s.info.id);
-    }
-  }
-
-  /**
    * Writes the session to the store: the blocks its last committed snapshot already holds for the
    * same tokens are reused, the others are copied from the GPU (queued now, so later turns cannot
    * change what is read; mapped at the engine's next {@linkcode startReads}) and written as new
@@ -201,10 +176,10 @@ export class Sessions {
    * Snapshots of one session are written in order.
    */
   snapshot(session: SessionEntry): void {
-    this.onChange?.(session.info.id); // the turn that ended changed its tokens
+    this.table.onChange?.(session.info.id); // the turn that ended changed its tokens
     if (!this.store) return;
     const store = this.store, { info, blocks } = session;
-    const d = this.decoder, kv = d.opts.kvDtype, bb = blockBytes(d.cfg, kv), dev = d.gpu.device;
+    const kv = this.kv.dtype, bb = this.kv.blockBytes;
     const n = Math.ceil(blocks.computed / BLOCK);
     const tokens = Uint32Array.from(blocks.tokens), computed = blocks.computed;
     const reused = reusable(this.#committed.get(info.id), tokens, computed, kv);
@@ -213,16 +188,7 @@ export class Sessions {
     this.#stats.blocksCopied += copied.length;
     let read: Promise<Uint8Array[]> = Promise.resolve([]);
     if (copied.length) {
-      const staging = dev.createBuffer({
-        size: 2 * copied.length * bb,
-        usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-      });
-      const enc = dev.createCommandEncoder();
-      copied.forEach((id, i) => {
-        enc.copyBufferToBuffer(d.kPool, id * bb, staging, 2 * i * bb, bb);
-        enc.copyBufferToBuffer(d.vPool, id * bb, staging, (2 * i + 1) * bb, bb);
-      });
-      dev.queue.submit([enc.finish()]);
+      const staging = this.kv.copyOut(copied);
       const mapped = new Promise<void>((resolve, reject) => {
         this.#pendingReads.push(() => staging.mapAsync(GPUMapMode.READ).then(resolve, reject));
       });
@@ -245,9 +211,9 @@ export class Sessions {
       )
       .then((entries) => {
         info.persistedAt = Date.now();
-        this.onChange?.(info.id);
+        this.table.onChange?.(info.id);
         this.#committed.set(info.id, { tokens, computed, kv, blocks: entries });
-        if (this.#map.has(info.id)) this.#setStored(info.id, entries);
+        if (this.table.get(info.id)) this.#setStored(info.id, entries);
       })
       .catch((e) => console.error(`strata: snapshot of session '${info.id}' failed: ${e}`));
     this.#snapshots.set(info.id, write);
@@ -269,17 +235,16 @@ export class Sessions {
   }
 
   async #restore(store: SessionStore): Promise<void> {
-    const d = this.decoder, kv = d.opts.kvDtype, bb = blockBytes(d.cfg, kv);
-    const q = d.gpu.device.queue;
+    const kv = this.kv.dtype, bb = this.kv.blockBytes, pool = this.kv.blocks;
     for (const m of await store.list(this.modelId)) {
       const info = { id: m.id, tokens: 0, createdAt: m.createdAt, updatedAt: m.updatedAt };
-      const blocks = new SequenceBlocks(this.pool);
-      this.#map.set(m.id, { info, blocks, busy: false });
+      const blocks = new SequenceBlocks(pool);
+      this.table.add({ info, blocks, busy: false });
       this.#setStored(m.id, m.blocks);
       // The next snapshot may reuse these chunks; restore verifies them before it relies on any.
       const kvOf = m.kv ?? "f32";
       this.#committed.set(m.id, { tokens: m.tokens, computed: m.computed, kv: kvOf, blocks: [] });
-      if (this.pool.freeCount - m.blocks.length < this.pool.blocks.length / 2) continue;
+      if (pool.freeCount - m.blocks.length < pool.blocks.length / 2) continue;
       const { blocks: saved } = await store.restore(m);
       const data = saved.map((raw) => convertBlock(raw, m.kv ?? "f32", kv));
       if (data.some((raw) => raw.byteLength !== 2 * bb)) {
@@ -287,10 +252,7 @@ export class Sessions {
         continue;
       }
       blocks.reserve(data.length * BLOCK);
-      data.forEach((raw, i) => {
-        q.writeBuffer(d.kPool, blocks.table[i] * bb, raw, 0, bb);
-        q.writeBuffer(d.vPool, blocks.table[i] * bb, raw, bb, bb);
-      });
+      data.forEach((raw, i) => this.kv.write(blocks.table[i], raw));
       blocks.tokens.push(...m.tokens);
       blocks.markComputed(Math.min(m.computed, data.length * BLOCK));
       blocks.truncate(m.tokens.length);

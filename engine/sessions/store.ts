@@ -18,107 +18,12 @@
  * first makes the snapshot look again). Files that hold no cold chunk are removed after the grace
  * period. Restore reads a chunk from Deno KV, else from its file.
  */
-import xxhash from "xxhash-wasm";
 import { inflateSync } from "fflate";
 import type { KvDtype } from "../../gpu/dtype.ts";
-import { packBlock, unpackBlock } from "./block_pack.ts";
-import type { PackRequest, PackResponse } from "./pack_worker.ts";
+import { unpackBlock } from "./block_pack.ts";
+import { chunkHash, Packer } from "./packer.ts";
+import { ColdFolder } from "./cold_folder.ts";
 
-const hasher = await xxhash();
-
-/** xxh64 of a block's bytes, as chunk keys name it. */
-function chunkHash(raw: Uint8Array): string {
-  return hasher.h64Raw(raw).toString(16).padStart(16, "0");
-}
-
-/** A block packed for the store: its hash and packed bytes. */
-interface Packed {
-  hash: string;
-  packed: Uint8Array;
-}
-
-/**
- * Hashes and packs blocks in workers (engine/sessions/pack_worker.ts), so that snapshot writes neither
- * hold the event loop nor fall behind: a TinyLlama block (720 kB of f32 K and V) takes
- * milliseconds, and a burst of sessions brings hundreds. Up to {@linkcode PACKERS} workers,
- * requests dealt out in turn. If a worker fails, later blocks are packed on the calling thread,
- * and so are pending ones whose bytes were copied rather than handed over.
- */
-class Packer {
-  readonly #workers: Worker[] = [];
-  #broken = false;
-  #next = 0;
-  readonly #pending = new Map<
-    number,
-    {
-      raw: Uint8Array;
-      width: number;
-      resolve: (b: Packed) => void;
-      reject: (e: Error) => void;
-    }
-  >();
-
-  /**
-   * Packs `raw`. With `give`, a block that is its whole buffer is handed to the worker (and
-   * detached here) instead of copied.
-   */
-  pack(raw: Uint8Array, width: number, give = false): Promise<Packed> {
-    if (this.#broken) return Promise.resolve(inPlace(raw, width));
-    const id = this.#next++;
-    const n = Math.max(1, Math.min(PACKERS, navigator.hardwareConcurrency - 1));
-    const worker = this.#workers[id % n] ??= this.#start();
-    // Transferred, never cloned: posting a view would clone its whole underlying buffer.
-    const whole = raw.byteOffset === 0 && raw.byteLength === raw.buffer.byteLength;
-    const sent = give && whole ? raw : raw.slice();
-    return new Promise((resolve, reject) => {
-      this.#pending.set(id, { raw: sent, width, resolve, reject });
-      worker.postMessage({ id, raw: sent, width } satisfies PackRequest, [
-        sent.buffer as ArrayBuffer,
-      ]);
-    });
-  }
-
-  #start(): Worker {
-    const w = new Worker(new URL("./pack_worker.ts", import.meta.url).href, { type: "module" });
-    w.onmessage = (e: MessageEvent<PackResponse>) => {
-      const p = this.#pending.get(e.data.id);
-      if (!p) return;
-      this.#pending.delete(e.data.id);
-      const { packed, hash, error } = e.data;
-      if (packed && hash) p.resolve({ hash, packed });
-      else p.reject(new Error(`packing a block failed: ${error}`));
-    };
-    w.onerror = (e) => {
-      e.preventDefault();
-      console.error(`strata: a snapshot worker failed (${e.message}); packing in place`);
-      this.#broken = true;
-      this.close();
-    };
-    return w;
-  }
-
-  /**
-   * Stops the workers. Pending blocks are packed here, or rejected when their bytes went to a
-   * worker (flush snapshots before closing the store).
-   */
-  close(): void {
-    for (const w of this.#workers) w?.terminate();
-    this.#workers.length = 0;
-    for (const [id, p] of this.#pending) {
-      this.#pending.delete(id);
-      // A transferred buffer is detached: its view reads as empty.
-      if (p.raw.buffer.byteLength) p.resolve(inPlace(p.raw, p.width));
-      else p.reject(new Error("the snapshot worker stopped before packing a block"));
-    }
-  }
-}
-
-function inPlace(raw: Uint8Array, width: number): Packed {
-  return { hash: chunkHash(raw), packed: packBlock(raw, width) };
-}
-
-/** Most packing workers (fewer on machines with fewer cores: one core stays for the server). */
-const PACKERS = 4;
 /** Deno KV refuses values over 64 KiB; stay below with room for the key and framing. */
 const PART = 60_000;
 /**
@@ -197,6 +102,8 @@ export interface RestoredSession {
 /** Snapshots of sessions in one Deno KV database (a local SQLite file or a remote KV). */
 export class SessionStore {
   readonly #packer = new Packer();
+  /** The cold tier's folder (none for a remote Deno KV without --kv-cold). */
+  readonly #cold?: ColdFolder;
   /** Every chunk's tier and packed size, by {@linkcode chunkKey} (as of this instance's view). */
   readonly #chunks = new Map<string, { tier: ChunkTier; size: number }>();
   #version = 0;
@@ -212,6 +119,7 @@ export class SessionStore {
 
   private constructor(readonly kv: Deno.Kv, opts: SessionStoreOptions) {
     this.coldDir = opts.coldDir;
+    this.#cold = opts.coldDir === undefined ? undefined : new ColdFolder(opts.coldDir);
     this.warmBytes = opts.warmBytes ?? WARM_BYTES;
     this.graceMs = opts.graceMs ?? GRACE_MS;
   }
@@ -313,7 +221,7 @@ export class SessionStore {
       const [old, tail] = await this.kv.getMany<[ChunkMeta, Uint8Array]>([mk, tk]);
       meta.tier = old.value?.tier ?? "kv";
       const whole = meta.tier === "fs"
-        ? (await this.#fileSize(hash, width)) === data.byteLength
+        ? (await this.#cold?.size(hash, width)) === data.byteLength
         : tail.value !== null;
       if (!whole) break;
       if ((await this.kv.atomic().check(old, tail).set(mk, meta).commit()).ok) {
@@ -356,7 +264,7 @@ export class SessionStore {
   async #chunk(entry: ChunkRef): Promise<Uint8Array<ArrayBuffer> | undefined> {
     const { hash, bytes, planes } = entry;
     const packed = await this.#fromKv(entry) ??
-      (planes ? await this.#readFile(hash, planes) : undefined);
+      (planes ? await this.#cold?.read(hash, planes) : undefined);
     if (!packed) return undefined;
     try {
       const raw = planes
@@ -444,7 +352,7 @@ export class SessionStore {
         const op = this.kv.atomic().check(e).delete(e.key);
         for (let p = 0; p < e.value.parts; p++) op.delete(["kvblock", hash, width, p]);
         if ((await op.commit()).ok) {
-          await this.#removeFile(hash, width);
+          await this.#cold?.remove(hash, width);
           changed = true;
           continue;
         }
@@ -478,31 +386,14 @@ export class SessionStore {
    * changed meanwhile (or is gone) stays in Deno KV, its file a spare copy.
    */
   async #moveToFiles(batch: Deno.KvEntry<ChunkMeta>[]): Promise<number> {
-    const dir = this.coldDir!;
-    await Deno.mkdir(dir, { recursive: true });
-    const staged = await Promise.all(batch.map(async (e) => {
-      const [, hash, width] = e.key as [string, string, number];
-      const data = await this.#fromKv({ hash, parts: e.value.parts, bytes: 0, planes: width });
-      if (!data || data.byteLength !== e.value.size) return undefined;
-      const path = this.#filePath(hash, width);
-      const tmp = `${path}.${crypto.randomUUID()}.tmp`;
-      const f = await Deno.open(tmp, { write: true, createNew: true });
-      try {
-        let o = 0;
-        while (o < data.byteLength) o += await f.write(data.subarray(o));
-        await f.syncData();
-      } finally {
-        f.close();
-      }
-      await Deno.rename(tmp, path);
-      return { e, hash, width };
-    }));
-    const d = await Deno.open(dir, { read: true }); // the renames, durable before the commits
-    try {
-      await d.syncData();
-    } finally {
-      d.close();
-    }
+    const staged = await this.#cold!.writeDurable(
+      await Promise.all(batch.map(async (e) => {
+        const [, hash, width] = e.key as [string, string, number];
+        const data = await this.#fromKv({ hash, parts: e.value.parts, bytes: 0, planes: width });
+        if (!data || data.byteLength !== e.value.size) return undefined;
+        return { e, hash, width, data };
+      })),
+    );
     let moved = 0;
     for (const s of staged) {
       if (!s) continue;
@@ -523,37 +414,10 @@ export class SessionStore {
    * still in Deno KV (a move stopped, or its commit failed, after the rename).
    */
   async #sweepFolder(now: number): Promise<void> {
-    if (this.coldDir === undefined) return;
-    const names = await unlessMissing(Array.fromAsync(Deno.readDir(this.coldDir)));
-    for (const { name, isFile } of names ?? []) {
-      const m = name.match(/^([0-9a-f]{16})-([0-9]+)\.kvb(\..+\.tmp)?$/);
-      if (!isFile || !m) continue;
-      if (!m[3] && this.#chunks.get(chunkKey(m[1], Number(m[2])))?.tier === "fs") continue;
-      const path = `${this.coldDir}/${name}`;
-      const stat = await Deno.stat(path).catch(() => undefined);
-      if (stat && now - (stat.mtime?.getTime() ?? 0) >= this.graceMs) {
-        await Deno.remove(path).catch(() => {});
-      }
-    }
-  }
-
-  #filePath(hash: string, width: number): string {
-    return `${this.coldDir}/${hash}-${width}.kvb`;
-  }
-
-  async #readFile(hash: string, width: number): Promise<Uint8Array<ArrayBuffer> | undefined> {
-    if (this.coldDir === undefined) return undefined;
-    return await unlessMissing(Deno.readFile(this.#filePath(hash, width)));
-  }
-
-  async #fileSize(hash: string, width: number): Promise<number | undefined> {
-    if (this.coldDir === undefined) return undefined;
-    return (await unlessMissing(Deno.stat(this.#filePath(hash, width))))?.size;
-  }
-
-  async #removeFile(hash: string, width: number): Promise<void> {
-    if (this.coldDir === undefined) return;
-    await unlessMissing(Deno.remove(this.#filePath(hash, width)));
+    await this.#cold?.sweep({
+      keep: (hash, width) => this.#chunks.get(chunkKey(hash, width))?.tier === "fs",
+      olderThan: now - this.graceMs,
+    });
   }
 
   /**
@@ -596,16 +460,6 @@ const MOVE_BATCH = 16;
 
 /** Set once every chunk has a record (stores written before records existed get them at open). */
 const RECORDS_KEY = ["strata", "chunk-records"];
-
-/** `p`'s value, or undefined when it failed because its file or folder is not there. */
-async function unlessMissing<T>(p: Promise<T>): Promise<T | undefined> {
-  try {
-    return await p;
-  } catch (e) {
-    if (e instanceof Deno.errors.NotFound) return undefined;
-    throw e;
-  }
-}
 
 /** In-memory name of a chunk: its hash and element width. */
 function chunkKey(hash: string, width: number): string {

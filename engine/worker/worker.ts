@@ -128,7 +128,7 @@ self.onmessage = async (ev: MessageEvent<ToWorker>) => {
       };
       // The store moves and deletes chunks between turns too: report the tiers' new counts.
       if (store) store.onTiersChange = schedule;
-      const cfg = e.decoder.cfg;
+      const cfg = e.config;
       post({
         t: "ready",
         info: {

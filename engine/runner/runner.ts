@@ -1,0 +1,213 @@
+/**
+ * The model runner: the only owner of the batch's per-slot GPU state (engine/runner/slots.ts).
+ * It admits a sequence into a slot (block table, sampling parameters, penalty counts, state),
+ * stops a slot, and turns a slot's prompt or the whole batch's next steps into submissions
+ * (engine/runner/submission.ts) whose readbacks hand tokens back by slot. The forward pass
+ * (engine/runner/forward.ts) builds the dispatches of that work over these buffers.
+ */
+import type { SamplingOptions } from "../../api/types.ts";
+import type { Gpu } from "../../gpu/device.ts";
+import type { Dispatch } from "../../gpu/dispatch.ts";
+import { ReadbackPool } from "../../gpu/readback.ts";
+import { packSampleParams, SAMPLE_PARAMS_BYTES, SEEN_BIT } from "../../kernels/sample.ts";
+import { DONE, SLOT_STATE_BYTES, slotStateWords } from "../../kernels/step.ts";
+import type { ModelConfig } from "../model/config.ts";
+import type { ModelWeights } from "../model/weights.ts";
+import type { KvPool } from "../kv/pool.ts";
+import { ForwardPass } from "./forward.ts";
+import { createSlotBuffers, type SlotBuffers, SlotLayout, type SlotShape } from "./slots.ts";
+import {
+  type SlotOccupant,
+  Submission,
+  type SubmissionContext,
+  type SubmissionOptions,
+} from "./submission.ts";
+
+/** Sizes fixed when the runner is created. */
+export interface RunnerOptions extends SlotShape {
+  /** Tokens per prefill chunk. */
+  maxChunk: number;
+}
+
+/** What a slot needs to know of the sequence admitted into it. */
+export interface SlotAdmission {
+  /** Physical blocks of its KV, in order (at most the table's width). */
+  table: readonly number[];
+  /** Its tokens so far (the prompt): they count as seen for the repetition penalty. */
+  tokens: readonly number[];
+  sampling: SamplingOptions;
+  /** The Philox key's u64 seed. */
+  seed: bigint;
+}
+
+/** The batch on the GPU: per-slot state, and the work that advances it. */
+export class Runner<T extends SlotOccupant> {
+  readonly layout: SlotLayout;
+  /** Dispatch builders over the weights, the KV pool and the slot buffers. */
+  readonly forward: ForwardPass;
+  readonly #slots: SlotBuffers;
+  readonly #ctx: SubmissionContext;
+  #region = 0;
+
+  constructor(
+    readonly gpu: Gpu,
+    readonly cfg: ModelConfig,
+    weights: ModelWeights,
+    o: { kv: KvPool; options: RunnerOptions; eosIds: number[] },
+  ) {
+    const opts = o.options;
+    this.layout = new SlotLayout(opts);
+    this.#slots = createSlotBuffers(gpu, this.layout, { vocab: cfg.vocabSize, eosIds: o.eosIds });
+    this.forward = new ForwardPass(gpu, cfg, weights, {
+      kv: o.kv,
+      slots: this.#slots,
+      layout: this.layout,
+      maxChunk: opts.maxChunk,
+    });
+    const readback = {
+      ring: new ReadbackPool(gpu.device, this.layout.ringBytes(opts.maxSteps), 8),
+      top: new ReadbackPool(gpu.device, opts.maxSteps * this.layout.topStride(), 2),
+    };
+    this.#ctx = { gpu, layout: this.layout, slots: this.#slots, readback };
+  }
+
+  /** The mappable buffers submissions read back through (tests wait for them to be primed). */
+  get readback(): SubmissionContext["readback"] {
+    return this.#ctx.readback;
+  }
+
+  /**
+   * Writes the state of a sequence taking `slot`: its block table (the last column stays the
+   * trash block), penalty counts, sampling parameters, token budget and length. Queue-ordered:
+   * work submitted before still sees the slot's previous state.
+   */
+  admit(slot: number, a: SlotAdmission): void {
+    const q = this.gpu.device.queue, V = this.cfg.vocabSize, { maxBlocks } = this.layout;
+    const table = new Uint32Array(maxBlocks);
+    table.set(a.table.slice(0, maxBlocks - 1));
+    q.writeBuffer(this.#slots.blockTable, slot * maxBlocks * 4, table);
+    const counts = new Uint32Array(V);
+    for (const t of a.tokens) counts[t] = SEEN_BIT;
+    q.writeBuffer(this.#slots.step.counts, slot * V * 4, counts);
+    q.writeBuffer(
+      this.#slots.params,
+      slot * SAMPLE_PARAMS_BYTES,
+      packSampleParams({ ...a.sampling, seed: a.seed }),
+    );
+    const state = {
+      done: false,
+      remaining: a.sampling.maxTokens,
+      stopAtEos: a.sampling.stopAtEos !== false,
+    };
+    q.writeBuffer(this.#slots.step.slotState, slot * SLOT_STATE_BYTES, slotStateWords(state));
+    q.writeBuffer(this.#slots.step.seqLen, slot * 4, Uint32Array.of(a.tokens.length));
+  }
+
+  /**
+   * Stops `slot` on the GPU: later steps write its KV to the trash block and record no token.
+   * Safe while submissions that use it are in flight (queue order).
+   */
+  stop(slot: number): void {
+    const q = this.gpu.device.queue;
+    q.writeBuffer(this.#slots.step.slotState, slot * SLOT_STATE_BYTES, slotStateWords(DONE));
+  }
+
+  /** Rows a prefill chunk of `count` tokens runs as (see ForwardPass.prefillRows). */
+  prefillRows(count: number): number {
+    return this.forward.prefillRows(count);
+  }
+
+  /**
+   * Prefills `ids[from..]` of the sequence admitted into `slot`, in chunks of at most maxChunk
+   * tokens; the last chunk samples its first token into the ring. Each chunk's inputs are
+   * written to the queue and then its submission is handed to `commit`, which must submit it
+   * before this returns to write the next chunk's (queue order keeps chunks apart).
+   */
+  prefill(
+    slot: number,
+    ids: readonly number[],
+    o: { from: number; occupant: T; withTop: boolean },
+    commit: (sub: Submission<T>) => void,
+  ): void {
+    const f = this.forward, chunk = f.maxChunk;
+    for (let p = o.from; p < ids.length; p += chunk) {
+      const part = ids.slice(p, Math.min(p + chunk, ids.length));
+      const last = p + part.length === ids.length;
+      f.writePrefill(part, slot, p);
+      const region = this.#nextRegion();
+      const dispatches = f.prefill(part.length, {
+        slot,
+        pos0: p,
+        last,
+        region,
+        withTop: o.withTop,
+      });
+      const slots = new Array<T | undefined>(this.layout.shape.maxSlots).fill(undefined);
+      slots[slot] = o.occupant;
+      commit(
+        new Submission(this.#ctx, dispatches, {
+          region,
+          steps: last ? 1 : 0,
+          slots,
+          top: o.withTop,
+          prefill: true,
+          rows: f.prefillRows(part.length),
+          tokens: part.length,
+        }),
+      );
+    }
+  }
+
+  /**
+   * Encodes `steps` decode steps of every slot up to the last live one (not submitted). `live`
+   * holds, by slot, the sequences still running: they receive their tokens when it is read.
+   */
+  decode(live: (T | undefined)[], steps: number, withTop: boolean): Submission<T> {
+    const region = this.#nextRegion(), width = live.findLastIndex(Boolean) + 1;
+    const dispatches: Dispatch[] = [];
+    for (let k = 0; k < steps; k++) {
+      dispatches.push(...this.forward.decodeStep(width, region, k, withTop));
+    }
+    return new Submission(this.#ctx, dispatches, { region, steps, slots: live, top: withTop });
+  }
+
+  /** A submission of arbitrary dispatches over this runner's buffers (tests, profiling). */
+  submission(dispatches: Iterable<Dispatch>, o: SubmissionOptions<T>): Submission<T> {
+    return new Submission(this.#ctx, dispatches, o);
+  }
+
+  /**
+   * The dispatches of one decode step of slots [0, slots) with every slot's length set to
+   * `context`, for timing (scripts/bench_profile.ts). Run it only while nothing runs: with every
+   * slot done, the step writes KV to the trash block and records no token.
+   */
+  profileDecodeStep(slots: number, context: number, k = 0): Dispatch[] {
+    const q = this.gpu.device.queue;
+    q.writeBuffer(this.#slots.step.seqLen, 0, new Uint32Array(slots).fill(context));
+    return this.forward.decodeStep(slots, 0, k, false);
+  }
+
+  /**
+   * The dispatches of one prefill chunk of `tokens` tokens at position 0 of slot 0 (inputs
+   * written), for timing. Slot 0's block table is pointed at the trash block first, so the
+   * chunk's KV writes land where no request reads (the next admission rewrites the table): run
+   * it only while nothing runs.
+   *
+   * @throws Error when `tokens` is not within 1..maxChunk
+   */
+  profilePrefill(tokens: number): Dispatch[] {
+    const f = this.forward;
+    if (!(tokens >= 1 && tokens <= f.maxChunk)) {
+      throw new Error(`prefill profile: tokens must be 1..${f.maxChunk}; got ${tokens}`);
+    }
+    const q = this.gpu.device.queue;
+    q.writeBuffer(this.#slots.blockTable, 0, new Uint32Array(this.layout.maxBlocks));
+    const ids = Array.from({ length: tokens }, (_, i) => (i * 7919) % this.cfg.vocabSize);
+    f.writePrefill(ids, 0, 0);
+    return f.prefill(tokens, { slot: 0, pos0: 0, last: false, region: 0, withTop: false });
+  }
+
+  #nextRegion(): number {
+    return (this.#region = (this.#region + 1) % this.layout.shape.regions);
+  }
+}

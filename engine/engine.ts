@@ -24,7 +24,7 @@ import { loadModelFolder } from "./model/folder.ts";
 import type { GpuModel } from "./model/gpu_model.ts";
 import { TextTokenizer } from "./model/tokenizer.ts";
 import { type ModelWeights, uploadWeights } from "./model/weights.ts";
-import { BLOCK, SequenceBlocks } from "./kv/blocks.ts";
+import { BLOCK, scopeRoot, SequenceBlocks } from "./kv/blocks.ts";
 import { kvBlockBytes, KvPool } from "./kv/pool.ts";
 import { Runner } from "./runner/runner.ts";
 import type { SessionStore } from "./sessions/store.ts";
@@ -290,6 +290,11 @@ export class Engine implements EngineLike {
     const table = this.#sessions.table;
     const session = request.sessionId ? table.get(request.sessionId) : undefined;
     if (session?.busy) throw new SessionBusyError(request.sessionId!);
+    const root = scopeRoot(request.tenant);
+    if (session && session.blocks.root !== root) {
+      // The routes give each tenant its own session ids: a mismatch is a bug, not a request.
+      throw new Error(`internal error: session '${request.sessionId}' is another tenant's`);
+    }
     let blocks: SequenceBlocks, cached: number;
     if (session) {
       // The session's tokens the prompt starts with keep their KV (the last prompt token is
@@ -305,7 +310,7 @@ export class Engine implements EngineLike {
       blocks.appendPrompt(promptIds.slice(blocks.tokens.length));
       session.busy = true;
     } else {
-      blocks = new SequenceBlocks(this.#kv.blocks);
+      blocks = new SequenceBlocks(this.#kv.blocks, root);
       cached = blocks.appendPrompt(promptIds);
       if (request.sessionId) table.create(request.sessionId, blocks);
     }

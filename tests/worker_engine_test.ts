@@ -13,7 +13,8 @@ import {
   InvalidRequestError,
   SessionBusyError,
 } from "../api/errors.ts";
-import { fromWire, toWire, WorkerEngine } from "../engine/worker/host.ts";
+import { WorkerEngine } from "../engine/worker/host.ts";
+import { fromWire, toWire } from "../engine/worker/protocol.ts";
 import type { EngineLike, GenerateRequest } from "../api/types.ts";
 import { withTestModel } from "../scripts/make_test_model.ts";
 import { testGpu } from "./util.ts";

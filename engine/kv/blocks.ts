@@ -32,6 +32,15 @@ export function blockHash(parent: bigint, tokens: number[]): bigint {
   return hasher.h64Raw(new Uint8Array(buf.buffer));
 }
 
+/**
+ * The root of a hash chain for requests of `tenant`: blocks are found by content only within one
+ * scope, so one tenant never shares (or learns of, through cached tokens) another's KV. No
+ * tenant: 0n, the one shared scope.
+ */
+export function scopeRoot(tenant: string | undefined): bigint {
+  return tenant === undefined ? 0n : hasher.h64(`strata tenant\0${tenant}`);
+}
+
 /** Thrown when the pool has no free block; the scheduler preempts or queues. */
 export class OutOfBlocksError extends Error {
   constructor(need: number, free: number) {
@@ -120,7 +129,11 @@ export class SequenceBlocks {
   computed = 0;
   #hashes: bigint[] = [];
 
-  constructor(readonly pool: BlockPool) {}
+  /**
+   * @param root the hash chain's root: the scope whose blocks this sequence may share
+   *   ({@linkcode scopeRoot})
+   */
+  constructor(readonly pool: BlockPool, readonly root = 0n) {}
 
   /**
    * Appends prompt tokens, sharing full blocks already in the pool when this sequence is at a
@@ -130,7 +143,7 @@ export class SequenceBlocks {
     let cached = 0;
     const start = this.tokens.length;
     if (start === this.computed && start % BLOCK === 0) {
-      let parent = this.#hashes.at(-1) ?? 0n;
+      let parent = this.#hashes.at(-1) ?? this.root;
       // Keep at least one token to prefill: the last one's logits start generation.
       for (let i = 0; i + BLOCK < ids.length; i += BLOCK) {
         const chunk = ids.slice(i, i + BLOCK);
@@ -161,7 +174,7 @@ export class SequenceBlocks {
     for (let b = Math.floor(this.computed / BLOCK); b < Math.floor(n / BLOCK); b++) {
       if (this.#hashes.length !== b) continue;
       const chunk = this.tokens.slice(b * BLOCK, (b + 1) * BLOCK);
-      const h = blockHash(this.#hashes.at(-1) ?? 0n, chunk);
+      const h = blockHash(this.#hashes.at(-1) ?? this.root, chunk);
       this.#hashes.push(h);
       this.pool.seal(this.table[b], h, chunk);
     }

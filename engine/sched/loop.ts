@@ -9,7 +9,7 @@ import type { Runner } from "../runner/runner.ts";
 import type { Submission } from "../runner/submission.ts";
 import type { Sessions } from "../sessions/sessions.ts";
 import { Pacer } from "./pacer.ts";
-import type { KvBudget, Scheduler } from "./scheduler.ts";
+import { type KvBudget, poolBudget, type Scheduler } from "./scheduler.ts";
 import type { Sequence } from "./sequence.ts";
 
 /** The loop's host-side counters (see {@linkcode Loop.hostStats}). */
@@ -48,13 +48,7 @@ export class Loop {
     this.#runner = parts.runner;
     this.#sched = parts.scheduler;
     this.#sessions = parts.sessions;
-    const pool = parts.sessions.kv.blocks, table = parts.sessions.table;
-    this.#kv = {
-      get freeBlocks() {
-        return pool.freeCount;
-      },
-      evictIdle: (need) => table.evict(need),
-    };
+    this.#kv = poolBudget(parts.sessions.kv.blocks, parts.sessions.table);
   }
 
   /** Whether the loop is running (it stops when no work is left). */

@@ -6,7 +6,8 @@
  * loop (engine/sched/loop.ts) carries out what it decides.
  */
 import { EngineBusyError } from "../../api/errors.ts";
-import { BLOCK } from "../kv/blocks.ts";
+import { BLOCK, type BlockPool } from "../kv/blocks.ts";
+import type { SessionTable } from "../sessions/table.ts";
 import type { Sequence } from "./sequence.ts";
 
 /** Options of {@linkcode Scheduler}. */
@@ -28,6 +29,16 @@ export interface KvBudget {
   readonly freeBlocks: number;
   /** Frees idle sessions' blocks, least recently used first, until `need` blocks are free. */
   evictIdle(need: number): void;
+}
+
+/** The budget of `pool`, whose idle blocks are held by the sessions of `table`. */
+export function poolBudget(pool: BlockPool, table: SessionTable): KvBudget {
+  return {
+    get freeBlocks() {
+      return pool.freeCount;
+    },
+    evictIdle: (need) => table.evict(need),
+  };
 }
 
 /** What the loop knows of the work on the GPU when it asks for an admission. */

@@ -204,7 +204,16 @@ export class Sessions {
     const write = Promise.all([read, previous])
       .then(([data]) =>
         store.save(
-          { id: info.id, model: this.modelId, tokens, computed, kv, createdAt, updatedAt },
+          {
+            id: info.id,
+            model: this.modelId,
+            tokens,
+            computed,
+            kv,
+            createdAt,
+            updatedAt,
+            ...(blocks.root ? { scope: blocks.root.toString(16) } : {}),
+          },
           [...reused, ...data],
           { give: true },
         )
@@ -238,7 +247,7 @@ export class Sessions {
     const kv = this.kv.dtype, bb = this.kv.blockBytes, pool = this.kv.blocks;
     for (const m of await store.list(this.modelId)) {
       const info = { id: m.id, tokens: 0, createdAt: m.createdAt, updatedAt: m.updatedAt };
-      const blocks = new SequenceBlocks(pool);
+      const blocks = new SequenceBlocks(pool, m.scope ? BigInt(`0x${m.scope}`) : 0n);
       this.table.add({ info, blocks, busy: false });
       this.#setStored(m.id, m.blocks);
       // The next snapshot may reuse these chunks; restore verifies them before it relies on any.

@@ -76,6 +76,11 @@ export interface SessionManifest {
   /** Element type of the blocks' K and V (absent in snapshots from before f16 caches: f32). */
   kv?: KvDtype;
   /**
+   * The prefix-cache scope of the session's blocks (engine/kv/blocks.ts `scopeRoot`) in hex;
+   * absent: the shared scope (0).
+   */
+  scope?: string;
+  /**
    * One entry per block, in order: the chunk holding that block's K then V bytes. `planes`: the
    * element width it was packed with (engine/sessions/block_pack.ts; chunk values under
    * `["kvblock", hash, planes, i]`); absent in entries written before: the whole block deflated,

@@ -20,7 +20,7 @@ import {
   type WireError,
   type WorkerEngineOptions,
   type WorkerState,
-} from "./host.ts";
+} from "./protocol.ts";
 
 let engine: Engine | undefined;
 const gens = new Map<number, Generation>();
@@ -81,7 +81,12 @@ function generate(e: Engine, m: Extract<ToWorker, { t: "generate" }>): void {
   let gen: Generation;
   try {
     gen = e.generate(
-      { promptIds: m.promptIds, sampling: m.sampling, sessionId: m.sessionId },
+      {
+        promptIds: m.promptIds,
+        sampling: m.sampling,
+        sessionId: m.sessionId,
+        tenant: m.tenant,
+      },
       (ev) => {
         const list = tokens.get(id);
         if (list) list.push(ev);

@@ -10,6 +10,9 @@ for p in openai@*/node_modules/openai playwright-core@*/node_modules/playwright-
   find $p -mindepth 1 -maxdepth 1 ! -name package.json -exec rm -rf {} +
 done
 rm -rf hono@*/node_modules/hono/dist/cjs hono@*/node_modules/hono/dist/types
-find . \( -name "*.d.ts" -o -name "*.map" -o -name "*.d.cts" -o -name "*.d.mts" \) -delete
+# Deno loads the ES module builds: CommonJS and UMD builds, TypeScript sources and docs never load.
+rm -rf fflate@*/node_modules/fflate/umd @huggingface+jinja@*/node_modules/@huggingface/jinja/src
+find . \( -name "*.d.ts" -o -name "*.map" -o -name "*.d.cts" -o -name "*.d.mts" -o -name "*.cjs" \
+  -o -name "README.md" -o -name "CHANGELOG.md" \) -delete
 cd ../..
 du -sh . | sed 's/^/.gpu: /'

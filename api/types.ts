@@ -47,6 +47,11 @@ export interface GenerationResult {
   cachedTokens: number;
   seed: bigint;
   ttftMs: number;
+  /**
+   * With `--kv-sync` (a session and a store): when the turn's snapshot was committed (ms since
+   * the epoch); the result arrives only after that.
+   */
+  persistedAt?: number;
 }
 
 /** A running generation: iterate for tokens, await `result` for the end. */

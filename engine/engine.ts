@@ -65,6 +65,12 @@ export interface EngineOptions {
   kvDtype?: KvDtype;
   /** Where sessions are snapshotted after every turn and restored from at load (Deno KV). */
   store?: SessionStore;
+  /**
+   * A turn of a session ends (its generation's `result` resolves) only once its snapshot is
+   * committed to the store, so an acknowledged turn survives a crash (`--kv-sync`; needs
+   * `store`). Default false: the snapshot lands shortly after (`SessionInfo.persistedAt`).
+   */
+  kvSync?: boolean;
   gpu?: Gpu;
 }
 
@@ -155,7 +161,11 @@ export class Engine implements EngineLike {
       maxSteps: options.maxSteps ?? (isCpuAdapter(gpu) ? 4 : 32),
       queueDepth: options.queueDepth ?? 2,
       kvDtype: options.kvDtype ?? "f32",
+      kvSync: options.kvSync ?? false,
     };
+    if (opts.kvSync && !options.store) {
+      throw new Error("--kv-sync needs --kv PATH (the session store it waits for)");
+    }
     const perPool = Math.floor(gpu.maxBinding / kvBlockBytes(cfg, opts.kvDtype));
     // The default is a memory budget, 4096 f32 blocks' worth: an f16 cache holds twice the tokens.
     const budget = Math.floor((4096 * KV_BYTES.f32) / KV_BYTES[opts.kvDtype]);
@@ -321,6 +331,7 @@ export class Engine implements EngineLike {
       tokenizer: this.tokenizer,
       cancel: (s) => this.#loop.cancel(s),
       onToken,
+      durable: this.opts.kvSync && request.sessionId !== undefined,
     });
     this.#sched.enqueue(seq);
     request.signal?.addEventListener("abort", () => seq.cancel(), { once: true });

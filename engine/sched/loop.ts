@@ -281,11 +281,12 @@ export class Loop {
     this.#release(seq);
   }
 
-  /** Returns a finished sequence's blocks to the pool, or to its session. */
+  /** Returns a finished sequence's blocks to the pool, or to its session (and snapshots it). */
   #release(seq: Sequence): void {
-    this.#sessions.release(seq.request.sessionId, seq.blocks, {
+    const persisted = this.#sessions.release(seq.request.sessionId, seq.blocks, {
       tokens: seq.allTokens(),
       prefilled: seq.prefillSubmitted,
     });
+    seq.settle(persisted);
   }
 }

@@ -26,6 +26,11 @@ export interface SequenceInit {
   cancel: (seq: Sequence) => void;
   /** Takes the tokens instead of the generation's iterator (see `Engine.generate`). */
   onToken?: (ev: TokenEvent) => void;
+  /**
+   * Resolve `result` only once the turn is persisted ({@linkcode Sequence.settle}), not when
+   * the last token arrives (`--kv-sync`).
+   */
+  durable?: boolean;
 }
 
 /** Draws a random u64 seed. */
@@ -60,6 +65,9 @@ export class Sequence {
   #resolve!: (r: GenerationResult) => void;
   #reject!: (e: unknown) => void;
   #cached: number;
+  readonly #durable: boolean;
+  /** The result, held until {@linkcode settle} when the turn must be persisted first. */
+  #held?: GenerationResult;
   readonly #onCancel: (seq: Sequence) => void;
   readonly #onToken?: (ev: TokenEvent) => void;
 
@@ -75,6 +83,7 @@ export class Sequence {
     this.#cached = init.cached;
     this.#onCancel = init.cancel;
     this.#onToken = init.onToken;
+    this.#durable = init.durable ?? false;
     const result = new Promise<GenerationResult>((res, rej) => {
       this.#resolve = res;
       this.#reject = rej;
@@ -148,7 +157,12 @@ export class Sequence {
 
   /** Ends the stream with an error (GPU failure). */
   fail(error: unknown): void {
-    if (this.finished) return;
+    if (this.finished) {
+      // A durable turn whose result still waits for its snapshot fails with the engine.
+      if (this.#held) this.#reject(error);
+      this.#held = undefined;
+      return;
+    }
     this.finished = true;
     this.#out.close(error);
     this.#reject(error);
@@ -159,16 +173,35 @@ export class Sequence {
     else this.#out.push(ev);
   }
 
+  /**
+   * The engine has put the turn away (its blocks back in the pool or its session):
+   * `persisted`, when given, settles once the session's snapshot of it is committed. A durable
+   * sequence's result waits for that (and fails when the snapshot does); others resolved at
+   * their last token and ignore it.
+   */
+  settle(persisted?: Promise<number>): void {
+    const r = this.#held;
+    if (!r) return;
+    this.#held = undefined;
+    if (!persisted) return this.#resolve(r);
+    persisted.then(
+      (persistedAt) => this.#resolve({ ...r, persistedAt }),
+      (e) => this.#reject(new Error(`the turn was not persisted: ${e?.message ?? e}`)),
+    );
+  }
+
   #end(reason: FinishReason): void {
     this.finished = true;
     this.#out.close();
-    this.#resolve({
+    const result: GenerationResult = {
       finishReason: reason,
       promptTokens: this.promptIds.length,
       completionTokens: this.#generated.length,
       cachedTokens: this.#cached,
       seed: this.seed,
       ttftMs: this.#ttft,
-    });
+    };
+    if (this.#durable) this.#held = result;
+    else this.#resolve(result);
   }
 }

@@ -117,9 +117,9 @@ export class Sessions {
     id: string | undefined,
     blocks: SequenceBlocks,
     o: { tokens: readonly number[]; prefilled: boolean },
-  ): void {
+  ): Promise<number> | undefined {
     const session = this.table.endTurn(id, blocks, o);
-    if (session) this.snapshot(session);
+    return session ? this.snapshot(session) : undefined;
   }
 
   #setStored(id: string, blocks: ChunkRef[] | undefined): void {
@@ -174,10 +174,12 @@ export class Sessions {
    * change what is read; mapped at the engine's next {@linkcode startReads}) and written as new
    * chunks. A turn thus copies and compresses the blocks it added, not the whole session.
    * Snapshots of one session are written in order.
+   *
+   * @returns when there is a store: when the snapshot was committed (rejects when it failed)
    */
-  snapshot(session: SessionEntry): void {
+  snapshot(session: SessionEntry): Promise<number> | undefined {
     this.table.onChange?.(session.info.id); // the turn that ended changed its tokens
-    if (!this.store) return;
+    if (!this.store) return undefined;
     const store = this.store, { info, blocks } = session;
     const kv = this.kv.dtype, bb = this.kv.blockBytes;
     const n = Math.ceil(blocks.computed / BLOCK);
@@ -219,13 +221,21 @@ export class Sessions {
         )
       )
       .then((entries) => {
-        info.persistedAt = Date.now();
+        const at = info.persistedAt = Date.now();
         this.table.onChange?.(info.id);
         this.#committed.set(info.id, { tokens, computed, kv, blocks: entries });
         if (this.table.get(info.id)) this.#setStored(info.id, entries);
-      })
-      .catch((e) => console.error(`strata: snapshot of session '${info.id}' failed: ${e}`));
-    this.#snapshots.set(info.id, write);
+        return at;
+      });
+    // Later snapshots of the session wait for this one, failed or not.
+    this.#snapshots.set(
+      info.id,
+      write.then(
+        () => {},
+        (e) => console.error(`strata: snapshot of session '${info.id}' failed: ${e}`),
+      ),
+    );
+    return write;
   }
 
   /**

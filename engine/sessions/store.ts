@@ -138,7 +138,7 @@ export class SessionStore {
     const coldDir = opts.coldDir ?? (remote ? undefined : `${path}.cold`);
     const store = new SessionStore(await Deno.openKv(path), { ...opts, coldDir });
     try {
-      await store.#load();
+      await Promise.all([store.#load(), store.#packer.warm()]);
     } catch (e) {
       store.close();
       throw e;

@@ -194,6 +194,7 @@ export class Engine implements EngineLike {
         maxSteps: opts.maxSteps,
         regions: REGIONS,
         topK: TOP_K,
+        specRows: 1,
       },
     });
     return new Engine(gpu, model, opts, { kv, runner, store: options.store });

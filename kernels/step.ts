@@ -52,6 +52,11 @@ export class RingView {
   logprob(i: number): number {
     return this.#logprobs[2 * i + 1];
   }
+
+  /** Entry i's two words as u32 (a speculative step's (drafted, accepted) entry). */
+  raw(i: number): [number, number] {
+    return [this.#ids[2 * i], this.#ids[2 * i + 1]];
+  }
 }
 
 /** Per-slot state buffers the step kernels read and write (see step.wgsl). */
@@ -64,6 +69,8 @@ export interface StepBuffers {
   ring: GPUBuffer; // vec2<u32> [regions, K, S]
   counts: GPUBuffer; // u32 [S, V]
   eos: GPUBuffer; // u32 [nEos]
+  /** u32 [S, histLen]: each slot's tokens by position (speculation's drafts; any when unused). */
+  hist: GPUBuffer;
 }
 
 /** Options for {@linkcode stepDispatch}. */
@@ -76,6 +83,10 @@ export interface StepOptions {
   ringOffset?: number;
   trashPos: number;
   nEos: number;
+  /** Ring entries per slot and step (default 1; speculation's rows + 1). */
+  ringStride?: number;
+  /** Positions per row of `hist` (default 0: no history is kept). */
+  histLen?: number;
 }
 
 const WG = 64;
@@ -85,12 +96,32 @@ export function stepDispatch(gpu: Gpu, bufs: StepBuffers, o: StepOptions): Dispa
   const pipe = pipeline(gpu, "step.wgsl", { entryPoint: o.entry, constants: { WG, NO_TOKEN } });
   const u = uniform(
     gpu,
-    params([o.slotBegin, o.slotEnd, o.vocab, o.ringOffset ?? 0, o.trashPos, o.nEos]),
+    params([
+      o.slotBegin,
+      o.slotEnd,
+      o.vocab,
+      o.ringOffset ?? 0,
+      o.trashPos,
+      o.nEos,
+      o.ringStride ?? 1,
+      o.histLen ?? 0,
+    ]),
   );
   const b = bufs;
-  const all = [u, b.seqLen, b.pos, b.slotState, b.nextTok, b.sampled, b.ring, b.counts, b.eos];
+  const all = [
+    u,
+    b.seqLen,
+    b.pos,
+    b.slotState,
+    b.nextTok,
+    b.sampled,
+    b.ring,
+    b.counts,
+    b.eos,
+    b.hist,
+  ];
   // layout "auto" drops bindings an entry point does not use.
-  const used = o.entry === "step_begin" ? [0, 1, 2, 3] : [0, 3, 4, 5, 6, 7, 8];
+  const used = o.entry === "step_begin" ? [0, 1, 2, 3] : [0, 1, 3, 4, 5, 6, 7, 8, 9];
   const bg = gpu.device.createBindGroup({
     layout: pipe.getBindGroupLayout(0),
     entries: used.map((i) => ({ binding: i, resource: { buffer: all[i] } })),

@@ -44,6 +44,7 @@ async function setup(slots: Slot[], rows: number) {
     createStorage(gpu, n * 4, data ? Uint32Array.from(data) : undefined);
   const hist = new Uint32Array(S * H);
   slots.forEach((s, i) => hist.set(s.hist, i * H));
+  const histBuf = createStorage(gpu, hist.byteLength, hist);
   const state = slots.flatMap((s) => [s.done ? 1 : 0, s.remaining, s.stopAtEos ? 1 : 0, s.depth]);
   const step = {
     seqLen: u32(S, slots.map((s) => s.len)),
@@ -54,9 +55,10 @@ async function setup(slots: Slot[], rows: number) {
     ring: u32(2 * S * (rows + 1)),
     counts: u32(S * V),
     eos: u32(EOS.length, EOS),
+    hist: histBuf,
   };
   const spec = {
-    hist: createStorage(gpu, hist.byteLength, hist),
+    hist: histBuf,
     rowTok: u32(S * rows),
     rowPos: u32(S * rows),
     rowLen: u32(S * rows),

@@ -197,6 +197,8 @@ export class ForwardPass {
       ringOffset: this.#layout.ringOffset(region, k),
       trashPos: this.#layout.trashPos,
       nEos: this.#slots.eosCount,
+      ringStride: this.#layout.ringStride,
+      histLen: this.#slots.spec ? this.#layout.shape.contextLength : 0,
     })], 4096);
   }
 

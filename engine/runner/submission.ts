@@ -42,6 +42,14 @@ export interface SubmissionOptions<T extends SlotOccupant> {
   rows?: number;
   /** Prompt tokens the prefill chunk computes. */
   tokens?: number;
+  /** Rows per slot of a verification pass (speculation); absent: one token per slot and step. */
+  specRows?: number;
+}
+
+/** What one slot's speculative step did: drafts proposed and drafts accepted. */
+export interface SpecStep {
+  drafted: number;
+  accepted: number;
 }
 
 /** A token as read back: which sequence, its id, logprob and alternatives. */
@@ -183,28 +191,42 @@ export class Submission<T extends SlotOccupant> {
   }
 
   /**
-   * After `done`: hands every recorded token to `take`, in step order, skipping sequences that
-   * finished meanwhile; a slot the GPU had already stopped is reported through `stopped`.
+   * After `done`: hands every recorded token to `take`, in step order (a verification pass's
+   * accepted tokens of a slot in row order), skipping sequences that finished meanwhile; a slot
+   * the GPU had already stopped is reported through `stopped`, and a verification pass's drafts
+   * through `spec`.
    */
-  read(take: TakeToken<T>, stopped: (seq: T) => void): void {
-    const { layout } = this.ctx, S = layout.shape.maxSlots;
+  read(
+    take: TakeToken<T>,
+    stopped: (seq: T) => void,
+    spec?: (seq: T, step: SpecStep) => void,
+  ): void {
+    const { layout } = this.ctx, R = this.o.specRows ?? 1;
     const ring = new RingView(this.#ring!);
     const raw = this.#topData;
     const topIds = raw && new Uint32Array(raw), topLps = raw && new Float32Array(raw);
+    const alternatives = (seq: T, k: number, row: number) => {
+      if (!topIds || !topLps || seq.topLogprobs <= 0) return undefined;
+      const base = layout.topOffset(k, row);
+      return Array.from({ length: seq.topLogprobs }, (_, i) => ({
+        id: topIds[base + 2 * i],
+        logprob: topLps[base + 2 * i + 1],
+      }));
+    };
     for (let k = 0; k < this.o.steps; k++) {
       this.o.slots.forEach((seq, s) => {
         if (!seq || seq.finished) return;
-        const token = ring.token(k * S + s);
-        if (token === undefined) return stopped(seq);
-        let alts: { id: number; logprob: number }[] | undefined;
-        if (topIds && topLps && seq.topLogprobs > 0) {
-          const base = layout.topOffset(k, s);
-          alts = Array.from({ length: seq.topLogprobs }, (_, j) => ({
-            id: topIds[base + 2 * j],
-            logprob: topLps[base + 2 * j + 1],
-          }));
+        const first = layout.ringEntry(k, s);
+        if (ring.token(first) === undefined) return stopped(seq);
+        for (let j = 0; j < R && !seq.finished; j++) {
+          const token = ring.token(first + j);
+          if (token === undefined) break;
+          take(seq, token, ring.logprob(first + j), alternatives(seq, k, R > 1 ? s * R + j : s));
         }
-        take(seq, token, ring.logprob(k * S + s), alts);
+        if (R > 1) {
+          const drafted = ring.raw(first + R);
+          spec?.(seq, { drafted: drafted[0], accepted: drafted[1] });
+        }
       });
     }
   }

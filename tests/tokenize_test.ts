@@ -44,6 +44,12 @@ Deno.test("tokenize: text to the engine's ids, and back with detokenize", async 
   });
   assert.deepEqual(await same.json(), hello);
   assert.deepEqual(await (await post("/v1/detokenize", { tokens: [] })).json(), { content: "" });
+  // The tokens are the prompt a completion of the same text runs on.
+  const done = await (await post("/v1/completions", {
+    prompt: "Hello world",
+    max_tokens: 1,
+  })).json();
+  assert.equal(done.usage.prompt_tokens, hello.tokens.length, JSON.stringify(done));
   // The last id of the vocabulary is one.
   const last = await post("/v1/detokenize", { tokens: [VOCAB - 1] });
   assert.equal(last.status, 200);

@@ -21,7 +21,8 @@ export const USAGE = `usage: deno task test [--no-gl] [FILE ...]
 Runs the test suite on the default WebGPU adapter, then the kernel tests again on wgpu's GL
 backend, and ends with one summary of both halves: "N passed, N failed". Test output streams as it
 comes; which process runs shows on stderr when it is a terminal. Exits 1 when anything failed.
-Takes about 40-50 minutes on a loaded 2-core CPU machine (lavapipe).
+Takes about 3 minutes on a 2-core CPU machine with lavapipe (5 with GL alone), many times that
+when other jobs share the cores (50 minutes was seen on a loaded one).
 
   FILE ...   test files or folders for the first half (default: tests/); the GL half then runs
              those of its kernel test files that they name (deno task test:gl --help lists them)

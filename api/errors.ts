@@ -1,15 +1,35 @@
 /** Errors the engine raises at its edge; the server maps each to an HTTP status. */
 import type { GenerateRequest } from "./types.ts";
 
-/** The request cannot fit the model's context (400, code context_length_exceeded). */
+/**
+ * The request cannot fit the model's context (400, code context_length_exceeded). The message
+ * names what the caller can change: the largest `max_tokens` that fits beside this prompt, or,
+ * when the prompt alone leaves no room for one token, the longest prompt that does.
+ */
 export class ContextLengthError extends Error {
   readonly code = "context_length_exceeded";
   constructor(readonly promptTokens: number, readonly maxTokens: number, readonly limit: number) {
-    super(
-      `prompt (${promptTokens} tokens) + max_tokens (${maxTokens}) exceeds the context length ` +
-        `of ${limit} tokens; shorten the prompt or lower max_tokens`,
-    );
+    super(contextLengthMessage(promptTokens, maxTokens, limit));
   }
+}
+
+/**
+ * The message of {@linkcode ContextLengthError}, also for callers that report the same condition
+ * in their own error type.
+ *
+ * @example
+ * contextLengthMessage(100, 50, 128);
+ * // "prompt (100 tokens) + max_tokens (50) exceeds the context length of 128 tokens; lower
+ * //  max_tokens to 28 or less, or shorten the prompt"
+ */
+export function contextLengthMessage(promptTokens: number, maxTokens: number, limit: number) {
+  const over = `prompt (${promptTokens} tokens) + max_tokens (${maxTokens}) exceeds the context ` +
+    `length of ${limit} tokens`;
+  // Every generation makes at least one token, so a prompt of `limit` tokens already fails.
+  if (promptTokens >= limit) {
+    return `${over}; the prompt alone is too long: shorten it to ${limit - 1} tokens or fewer`;
+  }
+  return `${over}; lower max_tokens to ${limit - promptTokens} or less, or shorten the prompt`;
 }
 
 /** The admission queue is full (429 with Retry-After). */

@@ -16,6 +16,7 @@ import { healthRoutes } from "./health.ts";
 import { createMetrics, metricsRoutes } from "./metrics.ts";
 import { modelsRoutes } from "./models.ts";
 import { sessionsRoutes } from "./sessions.ts";
+import { tokenizeRoutes } from "./tokenize.ts";
 import { wsRoutes } from "./ws.ts";
 
 export type { ServerOptions } from "./context.ts";
@@ -137,6 +138,7 @@ export function createApp(engine: EngineLike, options: ServerOptions = {}): Hono
   app.route(WS_PATH, wsRoutes(ctx));
   app.route("/v1/sessions", sessionsRoutes(engine));
   app.route("/v1/models", modelsRoutes(ctx));
+  app.route("/v1", tokenizeRoutes(engine)); // /v1/tokenize, /v1/detokenize
   app.route("/health", healthRoutes(ctx));
   app.route("/metrics", metricsRoutes(ctx.metrics));
 

@@ -47,7 +47,7 @@ try {
     const t0 = performance.now();
     await engine.flushSnapshots();
     const ms = performance.now() - t0;
-    const worst = Math.max(0, ...await probe.stop());
+    const worst = (await probe.stop()).max;
     out.push(`${history.length}:${ms.toFixed(1)}/${worst.toFixed(1)}`);
   }
   console.log(`${engine.adapterName}, ${engine.modelId}: tokens:ms/lag ${out.join(" ")}`);

@@ -135,7 +135,7 @@ function send() {
   saveSettings();
   showAlert("");
   history.push({ role: "user", content: text });
-  addMessage("user", text);
+  const question = addMessage("user", text);
   const view = addMessage("assistant", "");
   view.el.dataset.state = "streaming";
   view.el.setAttribute("aria-busy", "true");
@@ -143,6 +143,7 @@ function send() {
   const messages = system === "" ? history : [{ role: "system", content: system }, ...history];
   turn = {
     id: `turn-${++turnCounter}`,
+    question,
     view,
     userText: text,
     text: "",
@@ -191,15 +192,18 @@ function onDelta(msg) {
 function onDone(msg) {
   const t = turn;
   turn = null;
+  if (!t.abandoned && t.text === "" && msg.finish_reason === "cancelled") {
+    // Stopped before any text: nothing to keep, so the turn goes as a failed one does.
+    dropTurn(t);
+    updateControls();
+    $("input").focus();
+    return;
+  }
   const { el, meta } = t.view;
   el.dataset.state = msg.finish_reason === "cancelled" ? "cancelled" : "done";
   el.removeAttribute("aria-busy");
-  if (!t.abandoned) {
-    // A cancelled turn keeps what arrived; an empty answer is dropped with its question.
-    if (t.text !== "" || msg.finish_reason !== "cancelled") {
-      history.push({ role: "assistant", content: t.text });
-    } else history.pop();
-  }
+  // A cancelled turn keeps what arrived.
+  if (!t.abandoned) history.push({ role: "assistant", content: t.text });
   const tokens = msg.usage?.completion_tokens ?? t.tokens;
   const clientTtft = (t.tFirst || performance.now()) - t.t0;
   const clientTps = t.tLast > t.tFirst ? (t.tokens - 1) / ((t.tLast - t.tFirst) / 1000) : 0;
@@ -221,19 +225,29 @@ function onDone(msg) {
   if (!t.abandoned) $("input").focus();
 }
 
-/** Ends the running turn with an error: its question leaves the history and returns to the input. */
+/**
+ * Takes turn `t` out of the conversation: its question and answer leave the log, its question
+ * leaves the history (so the next turn does not send it) and returns to the input, to send again.
+ */
+function dropTurn(t) {
+  t.question.el.remove();
+  t.view.el.remove();
+  $("empty").hidden = $("log").querySelector(".msg") !== null;
+  if (t.abandoned) return; // New chat has cleared the history and the log already
+  history.pop();
+  if ($("input").value === "") $("input").value = t.userText;
+}
+
+/**
+ * Ends the running turn with an error: the turn is dropped ({@linkcode dropTurn}) and the error
+ * is shown once, above the input (not also in an empty answer bubble).
+ */
 function failTurn(message) {
   const t = turn;
   turn = null;
   if (t === null) return;
-  t.view.el.dataset.state = "error";
-  t.view.el.removeAttribute("aria-busy");
-  t.view.meta.textContent = message;
-  if (!t.abandoned) {
-    history.pop();
-    if ($("input").value === "") $("input").value = t.userText;
-    showAlert(message);
-  }
+  dropTurn(t);
+  if (!t.abandoned) showAlert(message);
   updateControls();
 }
 
@@ -252,7 +266,10 @@ function onMessage(event) {
     // A cancel that crosses its `done` is answered "conversation_not_found"; nothing is wrong.
     if (msg.error?.code === "conversation_not_found") return;
     const text = msg.error?.message ?? "unknown error";
-    if (mine) failTurn(text);
+    // An error without an id answers a message the server could not read as far as its id (one
+    // over the size limit, say). This page sends one `start` at a time, so while a turn runs
+    // that message was its `start`: the turn failed and no `done` will come.
+    if (mine || (turn !== null && msg.id === undefined)) failTurn(text);
     else showAlert(text);
   }
 }

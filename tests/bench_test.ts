@@ -3,20 +3,38 @@
  * kernel against a TypeScript reference, and the bench's arithmetic on hand-made inputs.
  */
 import assert from "node:assert/strict";
-import { createStorage, readBuffer } from "../gpu/device.ts";
+import { createStorage, isCpuAdapter, readBuffer } from "../gpu/device.ts";
 import { decode, type DType } from "../gpu/dtype.ts";
 import { shapeConfig } from "../engine/model/synthetic.ts";
 import { run } from "../gpu/dispatch.ts";
 import { fillRandomDispatch } from "../kernels/fill_random.ts";
-import { runBench } from "../scripts/bench.ts";
+import { lagProbe, runBench } from "../scripts/bench.ts";
+import {
+  CPU_DEFAULTS,
+  GPU_DEFAULTS,
+  parseFlags,
+  USAGE,
+  withDefaults,
+} from "../scripts/bench_options.ts";
+import { BenchProgress } from "../scripts/bench_progress.ts";
 import {
   bursts,
   bytesPerToken,
   decodeRate,
+  DurationHistogram,
   formatBursts,
   percentile,
 } from "../scripts/bench_report.ts";
 import { testGpu } from "./util.ts";
+
+function exists(path: string): boolean {
+  try {
+    Deno.statSync(path);
+    return true;
+  } catch {
+    return false;
+  }
+}
 
 /** PCG hash as in kernels/fill_random.wgsl. */
 function pcg(x: number): number {
@@ -93,7 +111,8 @@ Deno.test("bench: runBench on the tiny shape reports every field", async () => {
     decode_2: r.decode_tok_s["2"],
     ttft_ms: r.ttft_ms,
     ttft_new_length_ms: r.ttft_new_length_ms ?? NaN,
-    ms_per_token_p95: r.ms_per_token_p95,
+    delivery_gap_ms_p50: r.delivery_gap_ms_p50,
+    delivery_gap_ms_p95: r.delivery_gap_ms_p95,
     step_ms_p50: r.step_ms_p50,
     bytes_per_token: r.bytes_per_token,
     read_bandwidth_gb_s: r.read_bandwidth_gb_s,
@@ -102,7 +121,10 @@ Deno.test("bench: runBench on the tiny shape reports every field", async () => {
   for (const [k, v] of Object.entries(positive)) {
     assert.ok(Number.isFinite(v) && v > 0, `${k} = ${v}`);
   }
-  assert.ok(r.ms_per_token_p50 >= 0 && r.ms_per_token_p50 <= r.ms_per_token_p95);
+  assert.ok(r.delivery_gap_ms_p50 <= r.delivery_gap_ms_p95);
+  // A delivery gap spans at least one decode step (K tokens of a burst arrive together).
+  assert.ok(r.delivery_gap_ms_p50 >= r.step_ms_p50, `${r.delivery_gap_ms_p50} ${r.step_ms_p50}`);
+  assert.equal(r.cpu_adapter, isCpuAdapter(gpu));
   assert.ok(r.roofline_fraction < 5, `roofline fraction ${r.roofline_fraction} is implausible`);
   assert.equal(r.bursts.reduce((a, b) => a + b, 0), 8);
   assert.equal(r.queue_depth, 2);
@@ -169,9 +191,14 @@ Deno.test("bench: the CLI writes valid JSON with --out", async () => {
     });
     const { code, stdout, stderr } = await cmd.output();
     const text = new TextDecoder().decode(stdout);
-    assert.equal(code, 0, new TextDecoder().decode(stderr));
+    const errors = new TextDecoder().decode(stderr);
+    assert.equal(code, 0, errors);
     assert.match(text, /decode, batch 1 +[\d.]+ tok\/s/);
+    assert.match(text, /time between deliveries p50 \/ p95 \(batch 1\) +[\d.]+ \/ [\d.]+ ms/);
     assert.match(text, /roofline fraction/);
+    assert.doesNotMatch(text, /ms\/token/, "the old per-token figure (0.00 inside bursts) is gone");
+    // stderr is no terminal here: no progress, nothing at all.
+    assert.equal(errors, "");
     const json = JSON.parse(await Deno.readTextFile(out));
     for (const key of ["model", "adapter", "date", "deno", "shape", "batch"]) {
       assert.ok(json[key] !== undefined, `missing ${key}`);
@@ -186,6 +213,135 @@ Deno.test("bench: the CLI writes valid JSON with --out", async () => {
   }
 });
 
+Deno.test({
+  name: "bench: progress on a terminal shows the stage, its tokens and the time",
+  ignore: !exists("/usr/bin/script"), // util-linux's script gives the child a terminal
+  async fn() {
+    const script = new URL("../scripts/bench.ts", import.meta.url).pathname;
+    const bench = [Deno.execPath(), "run", "-A", script, "--shape", "tiny", "--batch", "1,2"]
+      .concat(["--prompt-len", "8", "--new-tokens", "4", "--read-mib", "8"]).join(" ");
+    const cmd = new Deno.Command("/usr/bin/script", {
+      args: ["-qec", `${bench} 2>&1 >/dev/null`, "/dev/null"], // the terminal shows stderr only
+      stdout: "piped",
+      stderr: "piped",
+    });
+    const { code, stdout } = await cmd.output();
+    const text = new TextDecoder().decode(stdout);
+    assert.equal(code, 0, text);
+    // Each stage's last state, as the terminal shows it once the line is rewritten in place.
+    const lines = text.split("\n").map((l) => l.split("\r").filter((p) => p.trim()).at(-1) ?? "")
+      .map((l) => l.replaceAll("\x1b[K", "").trim()).filter((l) => l.startsWith("bench ["));
+    const stages = lines.map((l) => l.replace(/ \(\d+s\)$/, ""));
+    assert.deepEqual(stages, [
+      "bench [1/6] loading shape tiny (f16)",
+      "bench [2/6] read bandwidth (8 MiB)",
+      "bench [3/6] warming up (pipelines compile on first use): 13/13 tokens",
+      "bench [4/6] prefill of 8 tokens: 6/6 runs",
+      "bench [5/6] decode, batch 1 x 4 tokens: 4/4 tokens",
+      "bench [6/6] decode, batch 2 x 4 tokens: 8/8 tokens",
+    ]);
+    assert.ok(lines.every((l) => / \(\d+s\)$/.test(l)), "each line shows the time so far");
+  },
+});
+
+Deno.test("bench: --help lists every flag with its default, and the environment", async () => {
+  const script = new URL("../scripts/bench.ts", import.meta.url).pathname;
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", script, "--help"],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const help = new TextDecoder().decode(out.stdout);
+  assert.equal(out.code, 0);
+  assert.equal(help.trim(), USAGE);
+  const flags = [...USAGE.matchAll(/^ {2}(--[a-z-]+)/gm)].map((m) => m[1]);
+  const parsed = Object.keys(parseFlags([]).options).map((k) =>
+    `--${k.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`
+  ).map((f) => (f === "--read-bytes" ? "--read-mib" : f));
+  for (const flag of parsed) assert.ok(flags.includes(flag), `--help lacks ${flag}`);
+  for (const line of USAGE.split("\n").filter((l) => /^ {2}--[a-z]/.test(l))) {
+    const flag = line.trim().split(" ")[0];
+    if (["--model", "--shape", "--out", "--profile", "--worker"].includes(flag)) continue;
+    const text = USAGE.slice(USAGE.indexOf(line)).split("\n  --")[0];
+    assert.match(text, /default/, `${flag} has no default in --help`);
+  }
+  assert.match(USAGE, /CPU 1,4\)/);
+  assert.match(USAGE, /Environment:\n {2}DENO_WEBGPU_BACKEND .*\n {2}XDG_RUNTIME_DIR/);
+});
+
+Deno.test("bench: defaults are the adapter's, and flags given win", () => {
+  const cpu = withDefaults({}, true), gpu = withDefaults({}, false);
+  assert.deepEqual([cpu.batch, cpu.promptLen, cpu.newTokens, cpu.cpu], [
+    [...CPU_DEFAULTS.batch],
+    CPU_DEFAULTS.promptLen,
+    CPU_DEFAULTS.newTokens,
+    true,
+  ]);
+  assert.deepEqual([gpu.batch, gpu.promptLen, gpu.newTokens], [[1, 8, 32], 128, 256]);
+  assert.deepEqual(GPU_DEFAULTS.batch, [1, 8, 32]);
+  const given = withDefaults({ batch: [16], promptLen: 512, newTokens: 64 }, true);
+  assert.deepEqual([given.batch, given.promptLen, given.newTokens], [[1, 16], 512, 64]);
+  assert.equal(parseFlags(["--prefill-runs", "5"]).options.prefillRuns, 5);
+  assert.throws(() => parseFlags(["--new-tokens", "many"]), /--new-tokens must be an integer/);
+  assert.throws(() => parseFlags(["--bogus"]), /bogus/);
+});
+
+Deno.test("bench: event-loop lag is kept in constant memory, percentiles within a bin", async () => {
+  // 200 000 samples, as a 20-minute run takes: no list, no Math.max(...list) stack overflow.
+  const h = new DurationHistogram(), values: number[] = [];
+  let x = 1;
+  for (let i = 0; i < 200_000; i++) {
+    x = (x * 48271) % 2147483647;
+    const v = i % 1000 === 0 ? 250 + (x % 1000) : 1.5 + (x % 10_000) / 1000; // rare long stalls
+    h.add(v);
+    values.push(v);
+  }
+  const s = h.summary();
+  assert.equal(s.count, 200_000);
+  assert.equal(s.max, values.reduce((m, v) => Math.max(m, v), 0));
+  for (const [got, p] of [[s.p50, 50], [s.p95, 95]] as const) {
+    const want = percentile(values, p);
+    assert.ok(Math.abs(got - want) / want < 0.025, `p${p}: ${got} against ${want}`);
+  }
+  assert.deepEqual(new DurationHistogram().summary(), { p50: 0, p95: 0, max: 0, count: 0 });
+  const one = new DurationHistogram();
+  one.add(0);
+  one.add(3);
+  assert.deepEqual([one.percentile(0), one.percentile(100)], [0, 3], "clamped to what was seen");
+  // The probe itself: setTimeout(0) takes a while, never nothing.
+  const probe = lagProbe();
+  await new Promise((r) => setTimeout(r, 50));
+  const lag = await probe.stop();
+  assert.ok(
+    lag.count > 5 && lag.p50 > 0 && lag.p50 <= lag.p95 && lag.p95 <= lag.max,
+    JSON.stringify(lag),
+  );
+});
+
+Deno.test("bench: progress counts stages and units, and writes nothing without a terminal", () => {
+  const written: string[] = [];
+  const p = new BenchProgress(3, { write: (t) => written.push(t), redrawMs: 0 });
+  p.stage("loading");
+  p.stage("decode, batch 2", 4);
+  p.tick(3);
+  p.tick();
+  p.end();
+  p.end(); // nothing open: nothing more
+  const text = written.join("").replace(/ \(\d+s\)/g, "");
+  assert.equal(
+    text,
+    "bench [1/3] loading\n" +
+      "\rbench [2/3] decode, batch 2: 0/4 tokens\x1b[K" +
+      "\rbench [2/3] decode, batch 2: 3/4 tokens\x1b[K" +
+      "\rbench [2/3] decode, batch 2: 4/4 tokens\x1b[K" +
+      "\rbench [2/3] decode, batch 2: 4/4 tokens\x1b[K\n",
+  );
+  const silent = new BenchProgress(2, { write: null });
+  silent.stage("loading", 5);
+  silent.tick(5);
+  silent.end(); // no writer: nothing to check but that it does not throw
+});
+
 Deno.test("bench: usage errors name the flag", async () => {
   await assert.rejects(() => runBench({ model: "x", shape: "tiny" }), /--model DIR or --shape/);
   await assert.rejects(() => runBench({ dtype: "bf16" }), /--dtype applies to --shape only/);
@@ -193,6 +349,9 @@ Deno.test("bench: usage errors name the flag", async () => {
   await assert.rejects(() => runBench({ shape: "tiny", maxChunk: 0 }), /--max-chunk/);
   await assert.rejects(() => runBench({ shape: "tiny", sessions: -1 }), /--sessions/);
   await assert.rejects(() => runBench({ shape: "tiny", kvWarmMb: -1 }), /--kv-warm-mb/);
+  await assert.rejects(() => runBench({ shape: "tiny", prefillRuns: 0 }), /--prefill-runs/);
+  await assert.rejects(() => runBench({ shape: "tiny", readBytes: 0 }), /--read-mib/);
+  await assert.rejects(() => runBench({ shape: "tiny", kvDtype: "f8" as "f16" }), /--kv-dtype/);
   assert.throws(() => shapeConfig("llama-70b"), /unknown shape 'llama-70b': use one of/);
 });
 

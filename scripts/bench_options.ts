@@ -1,0 +1,270 @@
+/**
+ * The bench's options: the CLI flags, their defaults on a GPU and on a CPU adapter, their checks,
+ * and `--help`. Defaults depend on the adapter because one set cannot serve both: the GPU's
+ * (batch 32, 256 new tokens) ran 20–40 minutes on a 2-core CPU adapter.
+ */
+import { parseArgs } from "node:util";
+import type { Gpu } from "../gpu/device.ts";
+import { type KvDtype, parseKvDtype } from "../gpu/dtype.ts";
+import type { BenchProgress } from "./bench_progress.ts";
+
+/** The embedded default model (also the tokenizer of the synthetic shapes). */
+export const DEFAULT_MODEL = new URL("../models/strata-default", import.meta.url).pathname;
+
+/** What a run measures when no flag says otherwise: thorough on a GPU. */
+export const GPU_DEFAULTS = { batch: [1, 8, 32], promptLen: 128, newTokens: 256 } as const;
+/**
+ * On a CPU adapter (llvmpipe, lavapipe): about a minute with the default model on 2 cores, where
+ * prefill runs at ≈ 50 tok/s and decode at ≈ 10–15 tok/s (BENCHMARKS.md).
+ */
+export const CPU_DEFAULTS = { batch: [1, 4], promptLen: 32, newTokens: 32 } as const;
+
+/** Options of `runBench` (scripts/bench.ts); the CLI flags in camelCase. */
+export interface BenchOptions {
+  /** Model folder (default: the embedded models/strata-default). Excludes `shape`. */
+  model?: string;
+  /** A synthetic shape of engine/model/synthetic.ts (random weights on the GPU) instead of a folder. */
+  shape?: string;
+  /** Batch sizes for decode (default 1, 8, 32; on a CPU adapter 1, 4); batch 1 is always measured. */
+  batch?: number[];
+  /** Prompt tokens (default 128; on a CPU adapter 32). */
+  promptLen?: number;
+  /** Tokens generated per request (default 256; on a CPU adapter 32; at least 2). */
+  newTokens?: number;
+  /** Weight dtype of a synthetic shape (default f16). */
+  dtype?: "f16" | "bf16";
+  /** Element type of the KV cache (default f32, the engine's). */
+  kvDtype?: KvDtype;
+  /** Also time each kernel of one decode step (needs `timestamp-query`). */
+  profile?: boolean;
+  /** Bytes the bandwidth kernel reads (default 1 GiB; 64 MiB on CPU adapters). */
+  readBytes?: number;
+  /** Prefill runs to take the median of (default 3). */
+  prefillRuns?: number;
+  /** The engine's `queueDepth` (default: the engine's). */
+  queueDepth?: number;
+  /** The engine's `maxChunk`, prefill tokens per chunk (default: the engine's). */
+  maxChunk?: number;
+  /**
+   * Also run one more generation of `newTokens` tokens while this many sessions take two turns
+   * each beside it (half a prompt, then 16 tokens more; `newTokens / 4` tokens each, at most
+   * 32), every turn snapshotted to a Deno KV store in a temporary folder (default 0: not run).
+   */
+  sessions?: number;
+  /**
+   * Packed KV blocks the sessions scenario's store keeps in Deno KV, MiB, as `serve
+   * --kv-warm-mb` (default 512); past that, its blocks move to files in a folder beside it.
+   */
+  kvWarmMb?: number;
+  /**
+   * Also measure the time to first token, decode at every batch size and the sessions scenario
+   * with a second engine in a worker thread, as `deno task start` serves (engine/worker/host.ts):
+   * its tokens reach this thread by message, and its GPU waits do not block this event loop.
+   */
+  worker?: boolean;
+  gpu?: Gpu;
+  /** Where progress goes (default: stderr when it is a terminal). */
+  progress?: BenchProgress;
+}
+
+/** {@linkcode BenchOptions} with every default filled in. */
+export type Checked =
+  & Required<
+    Omit<BenchOptions, "shape" | "gpu" | "readBytes" | "queueDepth" | "maxChunk" | "progress">
+  >
+  & {
+    shape?: string;
+    readBytes?: number;
+    queueDepth?: number;
+    maxChunk?: number;
+    /** The defaults used were a CPU adapter's. */
+    cpu: boolean;
+  };
+
+function isCount(v: number | undefined, min: number): boolean {
+  return v === undefined || (Number.isInteger(v) && v >= min);
+}
+
+/**
+ * Checks the options given, before any GPU work, so a usage error comes at once.
+ *
+ * @throws Error naming the flag to fix and the value it got
+ */
+export function checkOptions(o: BenchOptions): void {
+  if (o.model !== undefined && o.shape !== undefined) {
+    throw new Error("give --model DIR or --shape NAME, not both");
+  }
+  if (o.dtype !== undefined && o.shape === undefined) {
+    throw new Error("--dtype applies to --shape only (a model folder has its own dtype)");
+  }
+  if (o.dtype !== undefined && o.dtype !== "f16" && o.dtype !== "bf16") {
+    throw new Error(`--dtype must be f16 or bf16; got '${o.dtype}'`);
+  }
+  parseKvDtype(o.kvDtype);
+  for (const b of o.batch ?? []) {
+    if (!Number.isInteger(b) || b < 1) throw new Error(`--batch sizes must be ≥ 1; got ${b}`);
+  }
+  const counts: [string, number | undefined, number][] = [
+    ["--kv-warm-mb", o.kvWarmMb, 0],
+    ["--sessions", o.sessions, 0],
+    ["--max-chunk", o.maxChunk, 1],
+    ["--queue-depth", o.queueDepth, 1],
+    ["--prompt-len", o.promptLen, 1],
+    ["--prefill-runs", o.prefillRuns, 1],
+  ];
+  for (const [flag, v, min] of counts) {
+    if (!isCount(v, min)) throw new Error(`${flag} must be an integer ≥ ${min}; got ${v}`);
+  }
+  if (o.readBytes !== undefined && !(Number.isInteger(o.readBytes) && o.readBytes > 0)) {
+    throw new Error(`--read-mib must be an integer ≥ 1; got ${o.readBytes / 2 ** 20}`);
+  }
+  if (!isCount(o.newTokens, 2)) {
+    throw new Error(
+      `--new-tokens must be an integer ≥ 2 (decode is timed between tokens); got ${o.newTokens}`,
+    );
+  }
+}
+
+/** The options with every default filled in: a CPU adapter's when `cpu`, else a GPU's. */
+export function withDefaults(o: BenchOptions, cpu: boolean): Checked {
+  checkOptions(o);
+  const d = cpu ? CPU_DEFAULTS : GPU_DEFAULTS;
+  return {
+    model: o.model ?? DEFAULT_MODEL,
+    shape: o.shape,
+    batch: [...new Set([1, ...(o.batch ?? d.batch)])].sort((a, b) => a - b),
+    promptLen: o.promptLen ?? d.promptLen,
+    newTokens: o.newTokens ?? d.newTokens,
+    dtype: o.dtype ?? "f16",
+    kvDtype: parseKvDtype(o.kvDtype),
+    profile: o.profile ?? false,
+    readBytes: o.readBytes,
+    prefillRuns: o.prefillRuns ?? 3,
+    queueDepth: o.queueDepth,
+    maxChunk: o.maxChunk,
+    sessions: o.sessions ?? 0,
+    kvWarmMb: o.kvWarmMb ?? 512,
+    worker: o.worker ?? false,
+    cpu,
+  };
+}
+
+const list = (v: readonly number[]) => v.join(",");
+
+/** `deno task bench --help`. */
+export const USAGE = `usage: deno task bench [flags]
+
+Measures the engine's prefill and decode speed against the read bandwidth of the same GPU (the
+roofline) and prints a table on stdout; --out also writes JSON. Progress (stage, tokens, time)
+goes to stderr when it is a terminal. BENCHMARKS.md says what each number means.
+
+Defaults depend on the adapter: thorough on a GPU; on a CPU adapter (llvmpipe, lavapipe,
+SwiftShader) small enough to finish in about a minute. "default A; CPU B" below means A on a GPU
+and B on a CPU adapter; flags given always win.
+
+  --model DIR          model folder (default models/strata-default)
+  --shape NAME         a synthetic shape instead of a folder: tinyllama-1.1b or tiny (random
+                       weights made on the GPU, the default model's tokenizer)
+  --dtype f16|bf16     weight dtype of a --shape (default f16)
+  --kv-dtype f32|f16   element type of the KV cache (default f32)
+  --batch LIST         decode batch sizes, comma-separated; 1 is always added
+                       (default ${list(GPU_DEFAULTS.batch)}; CPU ${list(CPU_DEFAULTS.batch)})
+  --prompt-len N       prompt tokens per request (default ${GPU_DEFAULTS.promptLen}; CPU ${CPU_DEFAULTS.promptLen})
+  --new-tokens N       tokens generated per request, at least 2 (default ${GPU_DEFAULTS.newTokens}; CPU ${CPU_DEFAULTS.newTokens})
+  --prefill-runs N     time-to-first-token runs to take the median of (default 3)
+  --read-mib N         MiB the bandwidth kernel reads (default 1024; CPU 64)
+  --queue-depth N      decode submissions the engine keeps in flight (default 2, the engine's)
+  --max-chunk N        prefill tokens per chunk (default 512; CPU 256, the engine's)
+  --profile            also time every kernel of one decode step per batch size and of one
+                       prefill chunk (needs timestamp-query; off by default)
+  --sessions N         also decode beside N sessions taking two snapshotted turns each
+                       (default 0: not run)
+  --kv-warm-mb N       MiB of blocks the sessions' store keeps in Deno KV before it moves them
+                       to files, as serve --kv-warm-mb (default 512)
+  --worker             also measure with a second engine in a worker thread, as deno task start
+                       runs it (off by default)
+  --out FILE           also write the results as JSON to FILE
+  -h, --help           this text
+
+Environment:
+  DENO_WEBGPU_BACKEND  wgpu's backend, vulkan or gl (unset: Vulkan when present, else GL)
+  XDG_RUNTIME_DIR      wgpu's loaders want one; set to /tmp when unset
+
+Examples:
+  deno task bench                                   # the default model, adapter defaults
+  deno task bench --shape tinyllama-1.1b --batch 1,8,32 --out bench.json`;
+
+/** The parsed command line of `deno task bench`. */
+export interface BenchFlags {
+  options: BenchOptions;
+  out?: string;
+  help: boolean;
+}
+
+function parseList(flag: string, v: string): number[] {
+  return v.split(",").map((s) => {
+    const n = Number(s.trim());
+    if (!Number.isInteger(n) || n < 1) {
+      throw new Error(`--${flag} takes positive integers separated by commas; got '${v}'`);
+    }
+    return n;
+  });
+}
+
+function intFlag(flag: string, v: string | undefined): number | undefined {
+  if (v === undefined) return undefined;
+  const n = Number(v);
+  if (v.trim() === "" || !Number.isInteger(n)) {
+    throw new Error(`--${flag} must be an integer; got '${v}'`);
+  }
+  return n;
+}
+
+/**
+ * Parses `deno task bench`'s flags.
+ *
+ * @throws Error for an unknown flag or a value that is not a number, naming it
+ */
+export function parseFlags(args: string[]): BenchFlags {
+  const { values: v } = parseArgs({
+    args,
+    options: {
+      model: { type: "string" },
+      shape: { type: "string" },
+      batch: { type: "string" },
+      "prompt-len": { type: "string" },
+      "new-tokens": { type: "string" },
+      "prefill-runs": { type: "string" },
+      dtype: { type: "string" },
+      "kv-dtype": { type: "string" },
+      profile: { type: "boolean" },
+      "read-mib": { type: "string" },
+      "queue-depth": { type: "string" },
+      "max-chunk": { type: "string" },
+      sessions: { type: "string" },
+      "kv-warm-mb": { type: "string" },
+      worker: { type: "boolean" },
+      out: { type: "string" },
+      help: { type: "boolean", short: "h" },
+    },
+  });
+  const readMib = intFlag("read-mib", v["read-mib"]);
+  const options: BenchOptions = {
+    model: v.model,
+    shape: v.shape,
+    batch: v.batch === undefined ? undefined : parseList("batch", v.batch),
+    promptLen: intFlag("prompt-len", v["prompt-len"]),
+    newTokens: intFlag("new-tokens", v["new-tokens"]),
+    prefillRuns: intFlag("prefill-runs", v["prefill-runs"]),
+    dtype: v.dtype as BenchOptions["dtype"],
+    kvDtype: v["kv-dtype"] as KvDtype | undefined,
+    profile: v.profile,
+    readBytes: readMib === undefined ? undefined : readMib * 2 ** 20,
+    queueDepth: intFlag("queue-depth", v["queue-depth"]),
+    maxChunk: intFlag("max-chunk", v["max-chunk"]),
+    sessions: intFlag("sessions", v.sessions),
+    kvWarmMb: intFlag("kv-warm-mb", v["kv-warm-mb"]),
+    worker: v.worker,
+  };
+  return { options, out: v.out, help: v.help ?? false };
+}

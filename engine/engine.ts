@@ -15,7 +15,7 @@ import type {
   SessionInfo,
   TokenEvent,
 } from "../api/types.ts";
-import { checkRequest, SessionBusyError } from "../api/errors.ts";
+import { checkRequest, EngineBusyError, SessionBusyError } from "../api/errors.ts";
 import { getGpu, type Gpu, isCpuAdapter } from "../gpu/device.ts";
 import { KV_BYTES, type KvDtype } from "../gpu/dtype.ts";
 import type { Dispatch } from "../gpu/dispatch.ts";
@@ -101,6 +101,8 @@ export class Engine implements EngineLike {
   readonly #sessions: Sessions;
   readonly #loop: Loop;
   readonly #weights: ModelWeights;
+  /** A score runs: it uses slot 0, so no generation may start meanwhile. */
+  #scoring = false;
 
   private constructor(
     readonly gpu: Gpu,
@@ -286,6 +288,37 @@ export class Engine implements EngineLike {
   }
 
   /**
+   * Log-probabilities of `ids[1..]`, each given the tokens before it: how likely the model finds
+   * a text (perplexity). Runs on the GPU in prefill-sized chunks, only while the engine is idle.
+   *
+   * @returns `ids.length − 1` natural-log probabilities
+   * @throws Error while requests run or wait, or when `ids` is longer than the context
+   */
+  async score(ids: readonly number[]): Promise<Float64Array> {
+    if (this.#sched.running || this.#sched.queued) {
+      throw new Error("score needs an idle engine: wait for the running requests");
+    }
+    await this.#loop.idle(); // the last readbacks of requests that just ended
+    if (this.#scoring) throw new Error("score needs an idle engine: another score runs");
+    if (ids.length > this.contextLength) {
+      throw new Error(`cannot score ${ids.length} tokens: the context is ${this.contextLength}`);
+    }
+    const bad = ids.find((t) => !(Number.isInteger(t) && t >= 0 && t < this.config.vocabSize));
+    if (bad !== undefined) {
+      throw new Error(`token id ${bad} is outside the vocabulary [0, ${this.config.vocabSize})`);
+    }
+    const blocks = new SequenceBlocks(this.#kv.blocks);
+    this.#scoring = true; // slot 0 is ours meanwhile: generate() waits (see #scoring)
+    try {
+      blocks.reserve(ids.length);
+      return await this.runner.score(ids, blocks.table);
+    } finally {
+      blocks.free();
+      this.#scoring = false;
+    }
+  }
+
+  /**
    * Starts a generation. With `onToken`, tokens are handed to it as the host reads them back
    * (synchronously, in order) instead of to the generation's iterator, which then yields none:
    * engine/worker/worker.ts forwards a whole readback round in one message this way.
@@ -297,6 +330,7 @@ export class Engine implements EngineLike {
     request = { ...request, promptIds: [...request.promptIds] };
     const { promptIds } = request;
     checkRequest(request, this.config.vocabSize, this.contextLength);
+    if (this.#scoring) throw new EngineBusyError(0);
     this.#sched.checkRoom();
     const table = this.#sessions.table;
     const session = request.sessionId ? table.get(request.sessionId) : undefined;

@@ -56,6 +56,8 @@ export class ForwardPass {
   #samples = new Map<string, Dispatch[]>();
   #prefills = new Map<string, Dispatch[]>();
   #prefillTails = new Map<string, Dispatch[]>();
+  #scores = new Map<string, Dispatch[]>();
+  #scoreOut?: { logits: GPUBuffer; stats: GPUBuffer };
 
   constructor(
     readonly gpu: Gpu,
@@ -137,12 +139,21 @@ export class ForwardPass {
     };
   }
 
-  /** LM head over `m` rows of `x` (RMS-normed on the fly with `normWeight`) into logits rows [row0, row0 + m). */
-  #lmHead(m: number, row0: number, x: GPUBuffer, normWeight?: GPUBuffer): Dispatch[] {
+  /**
+   * LM head over `m` rows of `x` (RMS-normed on the fly with `normWeight`) into rows
+   * [row0, row0 + m) of `y` (default: the sampler's logits).
+   */
+  #lmHead(
+    m: number,
+    row0: number,
+    x: GPUBuffer,
+    normWeight?: GPUBuffer,
+    y = this.#logits,
+  ): Dispatch[] {
     const V = this.cfg.vocabSize;
     let r = 0;
     return this.w.lmHead.flatMap((chunk) => {
-      const d = matmulDispatches(this.gpu, { x, w: chunk, y: this.#logits, normWeight }, {
+      const d = matmulDispatches(this.gpu, { x, w: chunk, y, normWeight }, {
         m,
         eps: this.cfg.rmsEps,
         yStride: V,
@@ -247,6 +258,38 @@ export class ForwardPass {
       ...this.#sample(o.slot + 1, o.region, 0, o.withTop),
       ...this.#stepEnd(o.slot, o.slot + 1, o.region, 0),
     ];
+  }
+
+  /**
+   * Tokens a scoring chunk takes at most: a prefill chunk, or fewer where its logits
+   * (`[tokens, V]` f32) would pass 64 MiB.
+   */
+  scoreChunk(): number {
+    return Math.max(1, Math.min(this.maxChunk, Math.floor(2 ** 26 / (4 * this.cfg.vocabSize))));
+  }
+
+  /**
+   * A scoring chunk of `count` tokens (written by {@linkcode writePrefill}): the prefill's
+   * layers (KV written as a prefill writes it), then the logits of every row, normed, into
+   * `logits` `[rows, V]` and their max / log-sum-exp / argmax into `stats`
+   * (kernels/logits.ts STATS_BYTES per row).
+   */
+  score(count: number): { dispatches: Dispatch[]; logits: GPUBuffer; stats: GPUBuffer } {
+    if (!(count >= 1 && count <= this.scoreChunk())) {
+      throw new Error(`internal error: a scoring chunk of ${count} tokens`);
+    }
+    const rows = this.prefillRows(count), V = this.cfg.vocabSize, T = this.scoreChunk();
+    this.#scoreOut ??= {
+      logits: createStorage(this.gpu, T * V * 4, undefined, "score_logits"),
+      stats: createStorage(this.gpu, T * 16, undefined, "score_stats"),
+    };
+    const { logits, stats } = this.#scoreOut;
+    const body = memo(this.#prefills, `${rows}`, () => this.#buildPrefill(rows), 64);
+    const tail = memo(this.#scores, `${count}`, () => [
+      ...this.#lmHead(count, 0, this.#x, this.w.norm, logits),
+      logitsStatsDispatch(this.gpu, { logits, stats }, { rows: count, vocab: V }),
+    ]);
+    return { dispatches: [...body, ...tail], logits, stats };
   }
 
   /** A prefill chunk's embedding and layers for up to `rows` tokens (see prefillRows). */

@@ -7,7 +7,7 @@
  */
 import type { SamplingOptions } from "../../api/types.ts";
 import type { Gpu } from "../../gpu/device.ts";
-import type { Dispatch } from "../../gpu/dispatch.ts";
+import { type Dispatch, encode } from "../../gpu/dispatch.ts";
 import { ReadbackPool } from "../../gpu/readback.ts";
 import { packSampleParams, SAMPLE_PARAMS_BYTES, SEEN_BIT } from "../../kernels/sample.ts";
 import { DONE, SLOT_STATE_BYTES, slotStateWords } from "../../kernels/step.ts";
@@ -22,6 +22,8 @@ import {
   type SubmissionContext,
   type SubmissionOptions,
 } from "./submission.ts";
+
+const READ = GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST;
 
 /** Sizes fixed when the runner is created. */
 export interface RunnerOptions extends SlotShape {
@@ -205,6 +207,46 @@ export class Runner<T extends SlotOccupant> {
     const ids = Array.from({ length: tokens }, (_, i) => (i * 7919) % this.cfg.vocabSize);
     f.writePrefill(ids, 0, 0);
     return f.prefill(tokens, { slot: 0, pos0: 0, last: false, region: 0, withTop: false });
+  }
+
+  /**
+   * Log-probabilities of `ids[1..]`, each given the tokens before it (teacher forcing), computed
+   * in scoring chunks into slot 0 with KV blocks `table` (at least `ids.length` tokens' worth).
+   * Only while nothing runs: slot 0's block table is overwritten.
+   *
+   * @returns `ids.length − 1` natural-log probabilities (f32 logits, log-softmax in f64)
+   */
+  async score(ids: readonly number[], table: readonly number[]): Promise<Float64Array> {
+    const f = this.forward, dev = this.gpu.device, V = this.cfg.vocabSize;
+    const { maxBlocks } = this.layout;
+    const row = new Uint32Array(maxBlocks);
+    row.set(table.slice(0, maxBlocks - 1));
+    dev.queue.writeBuffer(this.#slots.blockTable, 0, row);
+    const out = new Float64Array(Math.max(0, ids.length - 1)), T = f.scoreChunk();
+    for (let p = 0; p < ids.length - 1; p += T) {
+      const part = ids.slice(p, Math.min(p + T, ids.length));
+      f.writePrefill(part, 0, p);
+      const { dispatches, logits, stats } = f.score(part.length);
+      const n = Math.min(part.length, ids.length - 1 - p); // rows with a next token
+      const picked = dev.createBuffer({ size: n * 4, usage: READ });
+      const lse = dev.createBuffer({ size: n * 16, usage: READ });
+      const enc = dev.createCommandEncoder();
+      const pass = enc.beginComputePass();
+      encode(pass, dispatches);
+      pass.end();
+      for (let r = 0; r < n; r++) {
+        enc.copyBufferToBuffer(logits, (r * V + ids[p + r + 1]) * 4, picked, r * 4, 4);
+      }
+      enc.copyBufferToBuffer(stats, 0, lse, 0, n * 16);
+      dev.queue.submit([enc.finish()]);
+      await Promise.all([picked.mapAsync(GPUMapMode.READ), lse.mapAsync(GPUMapMode.READ)]);
+      const x = new Float32Array(picked.getMappedRange()),
+        st = new Float32Array(lse.getMappedRange());
+      for (let r = 0; r < n; r++) out[p + r] = x[r] - st[4 * r + 1];
+      picked.destroy();
+      lse.destroy();
+    }
+    return out;
   }
 
   #nextRegion(): number {

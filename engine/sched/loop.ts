@@ -38,6 +38,8 @@ export class Loop {
   /** The next decode submission, encoded ahead but not submitted (see {@linkcode #run}). */
   #held?: Submission<Sequence>;
   #running = false;
+  /** Who waits for the loop to stop (see {@linkcode idle}). */
+  #idle: (() => void)[] = [];
   /** Ends the loop's current yield to the event loop early (see {@linkcode #yield}). */
   #wake?: () => void;
   #host: HostStats = { submissions: 0, steps: 0, ms: 0, pacedMs: 0, prefillPeak: 0 };
@@ -54,6 +56,12 @@ export class Loop {
   /** Whether the loop is running (it stops when no work is left). */
   get running(): boolean {
     return this.#running;
+  }
+
+  /** Resolves once the loop has stopped (at once when it is not running). */
+  idle(): Promise<void> {
+    if (!this.#running) return Promise.resolve();
+    return new Promise((resolve) => this.#idle.push(resolve));
   }
 
   /**
@@ -88,6 +96,7 @@ export class Loop {
       this.#running = false;
       this.#sessions.startReads(); // no readback round is coming to request them
       if (this.#sched.queued) this.kick();
+      else for (const resolve of this.#idle.splice(0)) resolve();
     });
   }
 

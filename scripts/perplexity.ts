@@ -1,0 +1,114 @@
+/**
+ * `deno task perplexity`: how well a model predicts a text. The text is tokenized, cut into
+ * windows of `--context` tokens, and each window is scored on the GPU from scratch (every token
+ * given the ones before it in its window: `Engine.score`); perplexity is exp of the mean negative
+ * log-likelihood over every predicted token. Progress on stderr (a terminal only); the last line
+ * of stdout is `{"tokens": N, "ppl": x}` with `--json`.
+ *
+ *   deno task perplexity [--model DIR] [--file TEXT] [--context N] [--max-tokens N]
+ *                        [--kv-dtype f32|f16] [--json]
+ */
+import { parseArgs } from "node:util";
+import { Engine } from "../engine/engine.ts";
+import { status } from "../engine/model/progress.ts";
+import { parseKvDtype } from "../gpu/dtype.ts";
+
+const DEFAULT_MODEL = new URL("../models/strata-default", import.meta.url).pathname;
+const DEFAULT_FILE = new URL("../models/strata-default/val_sample.txt", import.meta.url).pathname;
+
+const HELP = `deno task perplexity: perplexity of a model on a text
+
+  --model DIR        model folder (default: the embedded models/strata-default; env STRATA_MODEL)
+  --file TEXT        text file (default: models/strata-default/val_sample.txt, 40 KB of the
+                     default model's held-out validation text)
+  --context N        tokens per window, each scored from scratch (default: the model's
+                     context length, at most 1024)
+  --max-tokens N     score at most the first N tokens of the text (default: all)
+  --kv-dtype f32|f16 element type of the KV cache (default f32; env STRATA_KV_DTYPE)
+  --json             print {"tokens": N, "ppl": x} as the last line of stdout
+  --help             this text
+
+Prints the perplexity, the mean negative log-likelihood (nats per token) and bits per byte.`;
+
+/** A positive integer flag, or undefined when absent. */
+function positive(name: string, v: string | undefined): number | undefined {
+  if (v === undefined) return undefined;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 2) {
+    throw new Error(`--${name} must be an integer >= 2; got '${v}'`);
+  }
+  return n;
+}
+
+/** Perplexity of `ids` scored in windows of `context` tokens; what each window predicts. */
+export async function perplexity(
+  engine: Engine,
+  ids: number[],
+  o: { context: number; onWindow?: (done: number, total: number) => void },
+): Promise<{ tokens: number; nll: number; ppl: number }> {
+  let nll = 0, tokens = 0;
+  for (let p = 0; p < ids.length - 1; p += o.context) {
+    const window = ids.slice(p, p + o.context);
+    if (window.length < 2) break;
+    const lp = await engine.score(window);
+    for (const x of lp) nll -= x;
+    tokens += lp.length;
+    o.onWindow?.(Math.min(p + o.context, ids.length), ids.length);
+  }
+  return { tokens, nll: nll / tokens, ppl: Math.exp(nll / tokens) };
+}
+
+if (import.meta.main) {
+  try {
+    const { values: v } = parseArgs({
+      args: Deno.args,
+      options: {
+        model: { type: "string" },
+        file: { type: "string" },
+        context: { type: "string" },
+        "max-tokens": { type: "string" },
+        "kv-dtype": { type: "string" },
+        json: { type: "boolean" },
+        help: { type: "boolean" },
+      },
+    });
+    if (v.help) {
+      console.log(HELP);
+      Deno.exit(0);
+    }
+    const model = v.model ?? (Deno.env.get("STRATA_MODEL") || DEFAULT_MODEL);
+    const file = v.file ?? DEFAULT_FILE;
+    const text = await Deno.readTextFile(file).catch((e) => {
+      throw new Error(`cannot read --file ${file}: ${e.message}`);
+    });
+    const context = positive("context", v.context);
+    const maxTokens = positive("max-tokens", v["max-tokens"]);
+    const engine = await Engine.load(model, {
+      maxSlots: 1,
+      contextLength: context,
+      kvDtype: parseKvDtype(v["kv-dtype"] ?? (Deno.env.get("STRATA_KV_DTYPE") || undefined)),
+    });
+    const window = context ?? Math.min(engine.contextLength, 1024);
+    const ids = engine.tokenizer.encode(text).slice(0, maxTokens);
+    status(`perplexity: ${ids.length} tokens of ${file}, windows of ${window}, ${engine.modelId}`);
+    const t0 = performance.now();
+    const r = await perplexity(engine, ids, {
+      context: window,
+      onWindow: (done, total) => status(`perplexity: ${done}/${total} tokens`),
+    });
+    // Bits per byte of what was scored (the whole text unless --max-tokens cut it).
+    const scored = maxTokens === undefined ? text : engine.decode(ids);
+    const bytes = new TextEncoder().encode(scored).byteLength;
+    const bpb = (r.nll * r.tokens) / Math.LN2 / bytes;
+    console.log(
+      `perplexity ${r.ppl.toFixed(4)} (${r.tokens} tokens predicted, mean NLL ${
+        r.nll.toFixed(4)
+      } nats, ${bpb.toFixed(4)} bits/byte, ${((performance.now() - t0) / 1000).toFixed(1)} s, ` +
+        `${engine.adapterName})`,
+    );
+    if (v.json) console.log(JSON.stringify({ tokens: r.tokens, ppl: r.ppl }));
+  } catch (e) {
+    console.error(`perplexity: ${e instanceof Error ? e.message : e}`);
+    Deno.exit(1);
+  }
+}

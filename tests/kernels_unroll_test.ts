@@ -1,10 +1,11 @@
 /**
  * kernels/unroll.ts, the `// @unroll` expander, on WGSL source strings (no GPU): bounds from
  * literals and consts, steps, nested loops, the loop variable in indices and arithmetic, and the
- * errors for forms it does not take.
+ * errors for forms it does not take; then every kernel's source as its wrapper builds it.
  */
 import assert from "node:assert/strict";
 import { evaluate, unrollLoops } from "../kernels/unroll.ts";
+import { shaderCode, wgsl } from "../kernels/pipeline.ts";
 
 /** Code without comments and with whitespace runs made one space, for comparing. */
 const squash = (s: string) => s.replace(/\/\/[^\n]*/g, "").replace(/\s+/g, " ").trim();
@@ -147,4 +148,40 @@ Deno.test("unroll: forms it does not take fail with the line and what to change"
   const ok =
     "// @unroll\nfor (var i = 0u; i < 2u; i++) { loop { break; } switch (i) { default: {} } }";
   assert.doesNotThrow(() => unrollLoops(ok));
+});
+
+/** Every kernel source with the prelude its wrapper prepends. */
+const KERNELS: [string, string][] = [
+  ["attention.wgsl", ""],
+  [
+    "attention_decode.wgsl",
+    wgsl("rope_common.wgsl") + "alias KV = vec4<f32>;\n" +
+    wgsl("attention_decode_common.wgsl"),
+  ],
+  ["attention_combine.wgsl", wgsl("attention_decode_common.wgsl")],
+  ...["matmul.wgsl", "matmul_small.wgsl", "matmul_rows.wgsl", "matmul_naive.wgsl"].map(
+    (f): [string, string] => [f, wgsl("matmul_common.wgsl")],
+  ),
+  ["sample.wgsl", ""],
+  ["logits.wgsl", ""],
+  ["rope_kv.wgsl", wgsl("rope_common.wgsl")],
+];
+
+Deno.test("unroll: every kernel expands, to constant indices where there were loops", () => {
+  for (const [file, prelude] of KERNELS) {
+    const loops = shaderCode(file, { prelude, unroll: false });
+    const out = shaderCode(file, { prelude });
+    assert.doesNotMatch(out, /^\s*\/\/\s*@unroll\s*$/m, `${file}: a marker left`);
+    const marked = (loops.match(/^\s*\/\/\s*@unroll\s*$/gm) ?? []).length;
+    assert.equal((out.match(/\/\/ unrolled: /g) ?? []).length >= marked, true, file);
+  }
+  // Decode attention's K registers: the ladder as written by hand before, indices constant.
+  const decode = shaderCode("attention_decode.wgsl", { prelude: KERNELS[1][1] });
+  for (let y = 1; y < 16; y++) {
+    assert.ok(
+      decode.includes(`if (KSPAN > ${y}u) {\n      (*kr)[${y}u] = k_at(base, ${y}u, kpart);`),
+      `load_k rung ${y}`,
+    );
+  }
+  assert.doesNotMatch(squash(decode), /\(\*kr\)\[y\]|\(\*vr\)\[i\]|acc\[r\]/);
 });

@@ -1,5 +1,5 @@
-// kernels/matmul.ts prepends matmul_common.wgsl: WDTYPE, NORM, SWIGLU, unpack2, w_row, store_out,
-// store4.
+// matmul_common.wgsl (prepended): WDTYPE, NORM, SWIGLU, Params, p, bias, y, cols, w_row,
+// unpack2, store_out, store4.
 // Register-blocked matmul for decode batches and short prompts (M = 1..64 rows of x):
 //   y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n])
 // W is read in 16-byte units (8 halves or 4 f32, vec4<u32> loads); each unit is widened once
@@ -42,25 +42,9 @@ override TK: u32 = 8u; // threads splitting K, a power of two >= RM
 override UNROLL: u32 = 1u; // units per column per loop iteration (loads in flight): 1, 2 or 4
 override KL: u32 = 8u; // adjacent threads along a row of W: 8 or 16 (at most TK take effect)
 
-struct Params {
-  m: u32, // rows of x
-  n: u32, // columns of y (F with SWIGLU)
-  groups_x: u32, // workgroups along x (the grid may be split over x and y)
-  y_stride: u32, // elements between rows of y
-  y_offset: u32, // element index of y[0, 0]
-  // Bit 0: add bias[n]. Bit 1: y += result (the residual add, fused). Uniform flags rather
-  // than overrides: one pipeline serves every projection of a shape.
-  flags: u32,
-  eps: f32, // RMSNorm epsilon (NORM)
-  block: u32, // gate/up rows per block of the interleaved W (SWIGLU)
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>; // per row of W
 @group(0) @binding(4) var<storage, read> nw: array<vec4<f32>>; // RMSNorm weights [K] (NORM)
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
 var<workgroup> red: array<vec4<f32>, TK * TN * TM>; // one entry per thread
 var<workgroup> inv_rms: array<f32, RM * TM>; // 1 / rms of the tile's rows of x (NORM)
@@ -80,11 +64,6 @@ fn xq() -> u32 {
 // Units per row of W.
 fn units() -> u32 {
   return K / (4u * xq());
-}
-
-// Columns of the product: N, or 2F with SWIGLU.
-fn cols() -> u32 {
-  return select(p.n, 2u * p.n, SWIGLU);
 }
 
 // First unit of the row of W behind product column c. Columns past the edge re-read the last

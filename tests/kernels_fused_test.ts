@@ -9,17 +9,15 @@ import assert from "node:assert/strict";
 import { createStorage } from "../gpu/device.ts";
 import { type DType, encode } from "../gpu/dtype.ts";
 import { run } from "../gpu/dispatch.ts";
+import { matmulDispatches, type MatmulPath, matmulPath } from "../kernels/matmul.ts";
+import type { RowsTuning } from "../kernels/matmul_rows.ts";
+import type { SmallTuning } from "../kernels/matmul_small.ts";
 import {
   interleaveGateUp,
-  matmulDispatches,
-  type MatmulPath,
-  matmulPath,
-  type RowsTuning,
-  type SmallTuning,
   SWIGLU_BLOCK,
   uploadWeight,
   type WeightBuffer,
-} from "../kernels/matmul.ts";
+} from "../kernels/weight.ts";
 import { matmulNormRef, matmulRef, swigluRef, weightRef } from "../kernels/reference.ts";
 import {
   assertClose,

@@ -10,20 +10,11 @@ import { type DType, encode } from "../gpu/dtype.ts";
 import { run } from "../gpu/dispatch.ts";
 import { embeddingDispatch } from "../kernels/embedding.ts";
 import { rmsnormDispatch } from "../kernels/rmsnorm.ts";
-import {
-  interleaveGateUp,
-  matmulDispatches,
-  type MatmulPath,
-  matmulPath,
-  type RowsTuning,
-  rowsTuning,
-  type SmallTuning,
-  smallTuning,
-  type TiledTuning,
-  tiledTuning,
-  uploadWeight,
-  type WeightBuffer,
-} from "../kernels/matmul.ts";
+import { matmulDispatches, type MatmulPath, matmulPath } from "../kernels/matmul.ts";
+import { type RowsTuning, rowsTuning } from "../kernels/matmul_rows.ts";
+import { type SmallTuning, smallTuning } from "../kernels/matmul_small.ts";
+import { type TiledTuning, tiledTuning } from "../kernels/matmul_tiled.ts";
+import { interleaveGateUp, uploadWeight, type WeightBuffer } from "../kernels/weight.ts";
 import { addDispatch, siluMulDispatch } from "../kernels/elementwise.ts";
 import {
   addRef,

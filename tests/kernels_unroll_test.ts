@@ -1,11 +1,13 @@
 /**
  * kernels/unroll.ts, the `// @unroll` expander, on WGSL source strings (no GPU): bounds from
  * literals and consts, steps, nested loops, the loop variable in indices and arithmetic, and the
- * errors for forms it does not take; then every kernel's source as its wrapper builds it.
+ * errors for forms it does not take; then every kernel's source as its wrapper builds it, and the
+ * one matmul `Params` layout against its packer.
  */
 import assert from "node:assert/strict";
 import { evaluate, unrollLoops } from "../kernels/unroll.ts";
 import { shaderCode, wgsl } from "../kernels/pipeline.ts";
+import { MATMUL_PARAMS_LAYOUT, packMatmulParams } from "../kernels/matmul_common.ts";
 
 /** Code without comments and with whitespace runs made one space, for comparing. */
 const squash = (s: string) => s.replace(/\/\/[^\n]*/g, "").replace(/\s+/g, " ").trim();
@@ -162,6 +164,7 @@ const KERNELS: [string, string][] = [
   ...["matmul.wgsl", "matmul_small.wgsl", "matmul_rows.wgsl", "matmul_naive.wgsl"].map(
     (f): [string, string] => [f, wgsl("matmul_common.wgsl")],
   ),
+  ["matmul_reduce.wgsl", wgsl("matmul_common.wgsl")],
   ["sample.wgsl", ""],
   ["logits.wgsl", ""],
   ["rope_kv.wgsl", wgsl("rope_common.wgsl")],
@@ -184,4 +187,35 @@ Deno.test("unroll: every kernel expands, to constant indices where there were lo
     );
   }
   assert.doesNotMatch(squash(decode), /\(\*kr\)\[y\]|\(\*vr\)\[i\]|acc\[r\]/);
+});
+
+Deno.test("matmul Params: one struct in matmul_common.wgsl, packed field for field", () => {
+  const struct = /struct Params \{([^}]*)\}/.exec(wgsl("matmul_common.wgsl"))![1];
+  const fields = [...struct.replace(/\/\/[^\n]*/g, "").matchAll(/(\w+)\s*:\s*(\w+)/g)]
+    .map((m) => [m[1], m[2]]);
+  assert.deepEqual(fields, MATMUL_PARAMS_LAYOUT.map(([name, , type]) => [name, type]));
+  for (
+    const file of ["matmul.wgsl", "matmul_small.wgsl", "matmul_rows.wgsl", "matmul_naive.wgsl"]
+  ) {
+    assert.doesNotMatch(wgsl(file), /struct Params/, `${file} declares its own Params`);
+  }
+  const values = {
+    m: 3,
+    n: 5,
+    k: 7,
+    groupsX: 11,
+    yStride: 13,
+    yOffset: 17,
+    flags: 2,
+    eps: 1e-5,
+    block: 19,
+    kspan: 23,
+    splits: 29,
+  };
+  const view = new DataView(packMatmulParams(values));
+  assert.equal(view.byteLength, 48);
+  MATMUL_PARAMS_LAYOUT.forEach(([name, key, type], i) => {
+    const got = type === "f32" ? view.getFloat32(4 * i, true) : view.getUint32(4 * i, true);
+    assert.equal(got, type === "f32" ? Math.fround(values[key]) : values[key], name);
+  });
 });

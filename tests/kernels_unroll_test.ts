@@ -187,6 +187,8 @@ Deno.test("unroll: every kernel expands, to constant indices where there were lo
     );
   }
   assert.doesNotMatch(squash(decode), /\(\*kr\)\[y\]|\(\*vr\)\[i\]|acc\[r\]/);
+  const small = shaderCode("matmul_small.wgsl", { prelude: wgsl("matmul_common.wgsl") });
+  assert.ok(small.includes("(*acc)[7u] = mac((*acc)[7u], t, x_base(m0 + 7u) + i);"));
 });
 
 Deno.test("matmul Params: one struct in matmul_common.wgsl, packed field for field", () => {

@@ -4,8 +4,8 @@
  * looks this way; this file picks the tile (rows per workgroup, keys per tile, threads) and
  * builds the dispatch.
  *
- * The default tiles were compared on an H200 (see `WIDE_ROWS`); compare others by forcing
- * `tileRows` / `tileKeys` in {@linkcode attentionDispatch}, e.g. with
+ * The default tiles were compared on an H200 (docs/kernels.md, "Prefill attention"); compare
+ * others by forcing `tileRows` / `tileKeys` in {@linkcode attentionDispatch}, e.g. with
  * scripts/sweep_prefill_attention.ts.
  */
 import type { KvDtype } from "../gpu/dtype.ts";
@@ -42,21 +42,19 @@ const PREFERRED: [number, number][] = [
 ];
 /**
  * Rows (tokens × group) from which 64 × 32 tiles come first: they fill an H200 from 32 row
- * tiles per kv head (128 workgroups at 4 kv heads) and stage each K/V tile for twice the rows.
- * H200, TinyLlama heads, 256 tokens (scripts/sweep_prefill_attention.ts, µs per layer at pos0
- * 0 / 256): 64 × 32 37.1 / 67.3, 32 × 64 37.9 / 75.0, 32 × 32 44.3 / 82.9, 16 × 64 55.9 / 129.
+ * tiles per kv head (128 workgroups at 4 kv heads) and stage each K/V tile for twice the rows
+ * (measured fastest at 256 tokens; docs/kernels.md, "Prefill attention").
  */
 const WIDE_ROWS = 2048;
 /**
  * Workgroup memory budget where shaders compile slowly (see {@linkcode attentionTile}): 280 vec4,
- * about 2 s of compile time on Mesa llvmpipe through GL (measured here: 0.9 s at 144 vec4, 1.8 s at
- * 272, 5.9 s at 528, 19 s at 1040).
+ * about 2 s of compile time on Mesa llvmpipe through GL, which grows with about the square of it
+ * (docs/kernels.md, "Prefill attention").
  */
 const SLOW_COMPILE_BYTES = 4608;
 /**
  * K (and V) vec4 a thread prefetches per tile where shaders compile slowly: the unrolled loads
- * are much of the code, and Mesa's GL compile time grows with it (2.4 s at 8, 0.8 s at 2 for a
- * 4 x 4 tile of head dim 64); more threads load instead.
+ * are much of the code, and Mesa's GL compile time grows with it; more threads load instead.
  */
 const SLOW_COMPILE_NT = 2;
 /** Largest head dim. */
@@ -203,6 +201,8 @@ export interface AttentionOptions {
   tileKeys?: number;
   /** Element type of the pools (default f32). */
   kvDtype?: KvDtype;
+  /** Expand the kernel's `// @unroll` loops (default true; false to measure the plain loops). */
+  unroll?: boolean;
 }
 
 /**
@@ -255,6 +255,7 @@ export function attentionDispatch(
   const kv16 = opts.kvDtype === "f16";
   const pipe = pipeline(gpu, "attention.wgsl", {
     constants: { WG: tile.wg, HD: D, BR: tile.rows, BC: tile.keys, KV16: kv16 ? 1 : 0 },
+    unroll: opts.unroll,
   });
   const u = uniform(
     gpu,

@@ -3,14 +3,11 @@
 // register-blocked products in place of tensor cores, since our targets have no subgroups and
 // f16 is optional.
 //
-// Why this shape: the previous kernel (16-key tiles, one thread per row running the softmax
-// serially, a 64-long dot product per score thread) took ~730 us per layer on an H200 for a
-// 256-token chunk with TinyLlama's heads, for ~0.8 GFLOP: it was bound by its serial steps. Here
-// every step is a wide 4x4 register block or a short reduction: 37 us per layer at pos0 0 and
-// 67 us at pos0 256 with 64 x 32 tiles (scripts/sweep_prefill_attention.ts). The loops over the
-// head dim and the keys take four steps per trip and the reductions over key groups are written
-// out: a loop trip costs ~30 ns on the H200 whatever its body (with one step per trip the kernel
-// took 44 / 89 us at 32 x 64).
+// Why this shape: every step is a wide 4x4 register block or a short reduction, since a kernel
+// bound by serial steps (one thread per row running the softmax, a long dot product per thread)
+// is slow however few FLOPs it has. The loops over the head dim and the keys take four steps per
+// trip and the reductions over key groups are unrolled: a loop trip costs ~30 ns on the H200
+// whatever its body. Measurements: docs/kernels.md, "Prefill attention".
 //
 // Rows: the T queries of the sequence times the G = n_heads / n_kv_heads q heads that share a kv
 // head (GQA), row = t * G + g. A workgroup takes BR consecutive rows of one kv head (grid:
@@ -34,14 +31,14 @@
 //   PV  thread (rg, dg) owns rows rg + i TR and dim groups dg + n DGT (n < NDG): O += P V as
 //       4x4 outer products, keys in fours (1 + NDG vec4 loads per key, 16 NDG multiply-adds).
 //                                                                                      barrier
-// Per-thread state lives in named variables, never in arrays: the S block, the softmax state and
-// the O accumulators are vec4s and 4x4 matrices, the K/V prefetch a struct of NT_MAX vec4 filled
-// under `if (NT > n)` guards. naga adds a termination guard to every loop, so a driver may not
-// unroll them, and an array indexed by a loop counter would then live in local memory (~10x
-// slower on an H200; see attention_decode.wgsl). Helpers take and return values, never
-// pointers (Mesa GL once gave NaNs for pointer arguments). The physical blocks of a tile are
-// looked up two tiles ahead into workgroup memory, so the block-table load is off the critical
-// path of the K/V loads.
+// Per-thread state is only ever indexed by constants: the S block and the softmax state are vec4s
+// and 4x4 matrices, the O accumulators and the K/V prefetch arrays of NT_MAX vec4 and NDG_MAX
+// matrices, filled and read in loops marked `// @unroll` (kernels/unroll.ts writes out one block
+// per trip under `if (NT > n)` guards). As loops, an array indexed by the counter would live in
+// local memory (~10x slower on an H200; see attention_decode.wgsl). Helpers take and return
+// values, never pointers (Mesa GL once gave NaNs for pointer arguments). The physical blocks of
+// a tile are looked up two tiles ahead into workgroup memory, so the block-table load is off the
+// critical path of the K/V loads.
 //
 // Keys at or past the sequence end (stale or NaN in the cache) are never loaded: their K and V
 // are zeros and their scores are masked (they lie past every row's position) before the max, so
@@ -105,18 +102,9 @@ var<workgroup> alpha: array<vec4<f32>, TR>; // [rg] this tile's rescale of the a
 var<workgroup> blocks: array<u32, 2u * BPC>; // physical blocks of two tiles, by tile parity
 var<workgroup> chunk_wg: vec3<u32>; // chunk[0], chunk[1], chunk[2], read once: uniform values
 
-// A thread's share of a K or V tile: items lid + i * WG (i < NT) of [j][d4], in named
-// fields rather than an array (see the header).
-struct Share {
-  x0: vec4<f32>,
-  x1: vec4<f32>,
-  x2: vec4<f32>,
-  x3: vec4<f32>,
-  x4: vec4<f32>,
-  x5: vec4<f32>,
-  x6: vec4<f32>,
-  x7: vec4<f32>,
-}
+// A thread's share of a K or V tile: items lid + i * WG (i < NT) of [j][d4], indexed by constants
+// only (see the header).
+alias Share = array<vec4<f32>, NT_MAX>;
 
 // Element offset of q / out for row `row` (of all T * G) under kv head `kvh`.
 fn row_offset(row: u32, kvh: u32) -> u32 {
@@ -178,27 +166,12 @@ fn pool_item(is_v: bool, e: u32, key0: u32, limit: u32, kvh: u32) -> vec4<f32> {
 // This thread's share of the K (or V) tile at key0.
 fn fetch(is_v: bool, key0: u32, limit: u32, kvh: u32, lid: u32) -> Share {
   var r: Share;
-  r.x0 = pool_item(is_v, lid, key0, limit, kvh);
-  if (NT > 1u) {
-    r.x1 = pool_item(is_v, lid + WG, key0, limit, kvh);
-  }
-  if (NT > 2u) {
-    r.x2 = pool_item(is_v, lid + 2u * WG, key0, limit, kvh);
-  }
-  if (NT > 3u) {
-    r.x3 = pool_item(is_v, lid + 3u * WG, key0, limit, kvh);
-  }
-  if (NT > 4u) {
-    r.x4 = pool_item(is_v, lid + 4u * WG, key0, limit, kvh);
-  }
-  if (NT > 5u) {
-    r.x5 = pool_item(is_v, lid + 5u * WG, key0, limit, kvh);
-  }
-  if (NT > 6u) {
-    r.x6 = pool_item(is_v, lid + 6u * WG, key0, limit, kvh);
-  }
-  if (NT > 7u) {
-    r.x7 = pool_item(is_v, lid + 7u * WG, key0, limit, kvh);
+  r[0] = pool_item(is_v, lid, key0, limit, kvh);
+  // @unroll
+  for (var i = 1u; i < NT_MAX; i++) {
+    if (NT > i) {
+      r[i] = pool_item(is_v, lid + i * WG, key0, limit, kvh);
+    }
   }
   return r;
 }
@@ -212,27 +185,12 @@ fn put(e: u32, x: vec4<f32>) {
 
 // Writes this thread's share of a tile into kv.
 fn put_share(r: Share, lid: u32) {
-  put(lid, r.x0);
-  if (NT > 1u) {
-    put(lid + WG, r.x1);
-  }
-  if (NT > 2u) {
-    put(lid + 2u * WG, r.x2);
-  }
-  if (NT > 3u) {
-    put(lid + 3u * WG, r.x3);
-  }
-  if (NT > 4u) {
-    put(lid + 4u * WG, r.x4);
-  }
-  if (NT > 5u) {
-    put(lid + 5u * WG, r.x5);
-  }
-  if (NT > 6u) {
-    put(lid + 6u * WG, r.x6);
-  }
-  if (NT > 7u) {
-    put(lid + 7u * WG, r.x7);
+  put(lid, r[0]);
+  // @unroll
+  for (var i = 1u; i < NT_MAX; i++) {
+    if (NT > i) {
+      put(lid + i * WG, r[i]);
+    }
   }
 }
 
@@ -300,21 +258,16 @@ fn red_or(rg: u32, t: u32, fill: vec4<f32>) -> vec4<f32> {
   return red[rg * RS + t];
 }
 
-// Max over the TC entries of row group rg in red (TC <= 16), written out: a loop trip costs
-// ~30 ns on an H200 whatever its body (scripts/probe_dispatch.ts).
+// Max over the TC entries of row group rg in red (TC <= 16, a power of two), four per block.
 fn red_max(rg: u32, m: vec4<f32>) -> vec4<f32> {
   let n = vec4<f32>(NEG);
-  var x = max(max(max(m, red_or(rg, 0u, n)), red_or(rg, 1u, n)),
-    max(red_or(rg, 2u, n), red_or(rg, 3u, n)));
-  if (TC > 4u) {
-    x = max(max(max(x, red_or(rg, 4u, n)), red_or(rg, 5u, n)),
-      max(red_or(rg, 6u, n), red_or(rg, 7u, n)));
-  }
-  if (TC > 8u) {
-    x = max(max(max(x, red_or(rg, 8u, n)), red_or(rg, 9u, n)),
-      max(red_or(rg, 10u, n), red_or(rg, 11u, n)));
-    x = max(max(max(x, red_or(rg, 12u, n)), red_or(rg, 13u, n)),
-      max(red_or(rg, 14u, n), red_or(rg, 15u, n)));
+  var x = m;
+  // @unroll
+  for (var t = 0u; t < 16u; t += 4u) {
+    if (TC > t) {
+      x = max(max(max(x, red_or(rg, t, n)), red_or(rg, t + 1u, n)),
+        max(red_or(rg, t + 2u, n), red_or(rg, t + 3u, n)));
+    }
   }
   return x;
 }
@@ -323,23 +276,18 @@ fn red_max(rg: u32, m: vec4<f32>) -> vec4<f32> {
 fn red_sum(rg: u32) -> vec4<f32> {
   let z = vec4<f32>(0.0);
   var x = (red_or(rg, 0u, z) + red_or(rg, 1u, z)) + (red_or(rg, 2u, z) + red_or(rg, 3u, z));
-  if (TC > 4u) {
-    x += (red_or(rg, 4u, z) + red_or(rg, 5u, z)) + (red_or(rg, 6u, z) + red_or(rg, 7u, z));
-  }
-  if (TC > 8u) {
-    x += (red_or(rg, 8u, z) + red_or(rg, 9u, z)) + (red_or(rg, 10u, z) + red_or(rg, 11u, z));
-    x += (red_or(rg, 12u, z) + red_or(rg, 13u, z)) + (red_or(rg, 14u, z) + red_or(rg, 15u, z));
+  // @unroll
+  for (var t = 4u; t < 16u; t += 4u) {
+    if (TC > t) {
+      x += (red_or(rg, t, z) + red_or(rg, t + 1u, z)) + (red_or(rg, t + 2u, z) +
+        red_or(rg, t + 3u, z));
+    }
   }
   return x;
 }
 
-// The O accumulators of a PV thread: dim groups dg + n DGT (o<n>, n < NDG).
-struct Acc {
-  o0: mat4x4<f32>,
-  o1: mat4x4<f32>,
-  o2: mat4x4<f32>,
-  o3: mat4x4<f32>,
-}
+// The O accumulators of a PV thread: dim groups dg + n DGT (element n < NDG).
+alias Acc = array<mat4x4<f32>, NDG_MAX>;
 
 // acc plus the terms of keys j .. j + 3 for row group prg, dim groups c (per accumulator).
 fn pv_step(acc: Acc, j: u32, prg: u32, c: vec4<u32>) -> Acc {
@@ -350,15 +298,12 @@ fn pv_step(acc: Acc, j: u32, prg: u32, c: vec4<u32>) -> Acc {
     pt[prg * PS + j + 3u],
   );
   var r = acc;
-  r.o0 = pv4(r.o0, j, c.x, pr);
-  if (NDG > 1u) {
-    r.o1 = pv4(r.o1, j, c.y, pr);
-  }
-  if (NDG > 2u) {
-    r.o2 = pv4(r.o2, j, c.z, pr);
-  }
-  if (NDG > 3u) {
-    r.o3 = pv4(r.o3, j, c.w, pr);
+  r[0] = pv4(r[0], j, c.x, pr);
+  // @unroll
+  for (var n = 1u; n < NDG_MAX; n++) {
+    if (NDG > n) {
+      r[n] = pv4(r[n], j, c[n], pr);
+    }
   }
   return r;
 }
@@ -455,7 +400,7 @@ fn main(
   let prg = lid / DGT;
   let dg = lid % DGT;
   let cs = min(vec4<u32>(dg) + vec4<u32>(0u, DGT, 2u * DGT, 3u * DGT), vec4<u32>(D4 - 1u));
-  var acc = Acc(mat4x4<f32>(), mat4x4<f32>(), mat4x4<f32>(), mat4x4<f32>());
+  var acc: Acc;
 
   for (var tile = 0u; tile < n_tiles; tile++) {
     let key0 = tile * BC;
@@ -474,9 +419,10 @@ fn main(
       var d4 = 0u;
       for (; d4 + 4u <= D4; d4 += 4u) {
         st = score_step(st, tc, srg, d4);
-        st = score_step(st, tc, srg, d4 + 1u);
-        st = score_step(st, tc, srg, d4 + 2u);
-        st = score_step(st, tc, srg, d4 + 3u);
+        // @unroll
+        for (var e = 1u; e < 4u; e++) {
+          st = score_step(st, tc, srg, d4 + e);
+        }
       }
       for (; d4 < D4; d4++) {
         st = score_step(st, tc, srg, d4);
@@ -517,29 +463,23 @@ fn main(
     workgroupBarrier();
 
     let a = alpha[prg];
-    acc.o0 = rescale(acc.o0, a);
-    if (NDG > 1u) {
-      acc.o1 = rescale(acc.o1, a);
-    }
-    if (NDG > 2u) {
-      acc.o2 = rescale(acc.o2, a);
-    }
-    if (NDG > 3u) {
-      acc.o3 = rescale(acc.o3, a);
+    acc[0] = rescale(acc[0], a);
+    // @unroll
+    for (var n = 1u; n < NDG_MAX; n++) {
+      if (NDG > n) {
+        acc[n] = rescale(acc[n], a);
+      }
     }
     // Keys in fours (BC is a multiple of 4), sixteen per loop trip; past limit - key0, p and V
     // are zeros.
     let keys = min(BC, (limit - key0 + 3u) & ~3u);
     for (var j = 0u; j < keys; j += 16u) {
       acc = pv_step(acc, j, prg, cs);
-      if (j + 4u < keys) {
-        acc = pv_step(acc, j + 4u, prg, cs);
-      }
-      if (j + 8u < keys) {
-        acc = pv_step(acc, j + 8u, prg, cs);
-      }
-      if (j + 12u < keys) {
-        acc = pv_step(acc, j + 12u, prg, cs);
+      // @unroll
+      for (var q = 4u; q < 16u; q += 4u) {
+        if (j + q < keys) {
+          acc = pv_step(acc, j + q, prg, cs);
+        }
       }
     }
     workgroupBarrier(); // the next tile overwrites kv, red, pt and alpha
@@ -550,14 +490,11 @@ fn main(
   }
   workgroupBarrier();
   let inv = 1.0 / red_sum(prg);
-  store4(acc.o0, inv, first, prg, dg, rows_total, kvh);
-  if (NDG > 1u) {
-    store4(acc.o1, inv, first, prg, dg + DGT, rows_total, kvh);
-  }
-  if (NDG > 2u) {
-    store4(acc.o2, inv, first, prg, dg + 2u * DGT, rows_total, kvh);
-  }
-  if (NDG > 3u) {
-    store4(acc.o3, inv, first, prg, dg + 3u * DGT, rows_total, kvh);
+  store4(acc[0], inv, first, prg, dg, rows_total, kvh);
+  // @unroll
+  for (var n = 1u; n < NDG_MAX; n++) {
+    if (NDG > n) {
+      store4(acc[n], inv, first, prg, dg + n * DGT, rows_total, kvh);
+    }
   }
 }

@@ -2,9 +2,9 @@
  * Decode attention for a ragged batch, with the new token's RoPE and KV-cache write folded in
  * (rope_kv's work at decode, without its dispatch): each workgroup of 256, 128 or 64 threads steps
  * through chunks of `threads / 4` keys (4 threads per key, online softmax, no long serial loops),
- * in one pass or split along the KV length (flash-decoding) with a parallel `combine`, as
- * {@linkcode decodePlan}'s cost model decides. See kernels/attention_decode.wgsl for the kernel
- * and why it looks this way.
+ * in one pass or split along the KV length (flash-decoding) with a parallel `combine`
+ * (kernels/attention_combine.wgsl), as {@linkcode decodePlan}'s cost model decides. See
+ * kernels/attention_decode.wgsl for the kernel and why it looks this way.
  *
  * The plan's constants were fitted on the H200 (132 SMs). Compare them with `deno run -A
  * scripts/sweep_kernels.ts --m "" --batches 1,8,24,32 --contexts 640,2048 --attn-variants '[{},
@@ -33,18 +33,10 @@ const SERIAL_CHUNKS = 4;
  * workgroups an SM runs at once (`resident`, at 5–8 rows and at up to 4); a launch past that many
  * is a second wave. A workgroup's time is its `fixed` cost plus its chunks (`wg / 4` keys each),
  * each costing `chunk · (1 + rows / ROW_WEIGHT)` (the keys are read and scored whatever the rows;
- * each row adds a little); each split adds `SPLIT_COST` to `combine`.
- *
- * Fitted (by the sum over the points of the measured time of the model's pick less the best's)
- * on a sweep of every thread count, row grouping and split count of `SPLITS`
- * (`scripts/sweep_kernels.ts`, 1 309 launches, TinyLlama heads): the model picks the measured
- * best at all 16 points (batches 1–64 at 640 and 2 048 keys; 683 µs per layer summed, where the
- * plan of 256 threads before it took 759). Checked on a second sweep of 15 other points (768,
- * 1 024, 1 536 and 4 096 keys): 1.1 µs per layer from the best summed over them (668 against
- * 759). Smaller workgroups win from 8 slots up: 128 threads in 5 splits at 32 slots and 640 keys
- * (31.3 µs against 35.0), 64 threads in 8 splits at 2 048 keys (71.8 against 82.5). The model is
- * brittle off its fit (a sixth resident workgroup of 128 threads costs 329 µs over the 31 points),
- * so refit it on another GPU; see BENCHMARKS.md.
+ * each row adds a little); each split adds `SPLIT_COST` to `combine`. Fitted to a sweep of every
+ * thread count, row grouping and split count of `SPLITS`, where it picks the measured best at
+ * every point; it is brittle off its fit, so refit it on another GPU (docs/kernels.md, "Decode
+ * attention"; BENCHMARKS.md).
  */
 const SMS = 132;
 const COST: Record<number, { resident: [number, number]; fixed: number; chunk: number }> = {
@@ -151,6 +143,8 @@ export interface AttentionDecodeOptions extends AttentionDecodeScratchOptions {
   maxTileBytes?: number;
   /** Element type of the pools (default f32). */
   kvDtype?: KvDtype;
+  /** Expand the kernels' `// @unroll` loops (default true; false to measure the plain loops). */
+  unroll?: boolean;
 }
 
 /**
@@ -416,14 +410,13 @@ export function attentionDecodeDispatches(
   if (scratch && scratch.size < bytes) {
     throw new Error(`internal error: decode scratch has ${scratch.size} bytes, needs ${bytes}`);
   }
-  const constants = {
-    WG: geo.wg,
-    HD: D,
-    ROWS: geo.rows,
-    RPR: geo.rpr,
-  };
-  const prelude = wgsl("rope_common.wgsl") + KV_PRELUDE[opts.kvDtype ?? "f32"];
-  const main = pipeline(gpu, "attention_decode.wgsl", { constants, prelude });
+  const common = wgsl("attention_decode_common.wgsl");
+  const prelude = wgsl("rope_common.wgsl") + KV_PRELUDE[opts.kvDtype ?? "f32"] + common;
+  const main = pipeline(gpu, "attention_decode.wgsl", {
+    constants: { WG: geo.wg, HD: D, ROWS: geo.rows, RPR: geo.rpr },
+    prelude,
+    unroll: opts.unroll,
+  });
   const scale = opts.scale ?? 1 / Math.sqrt(D);
   const u = uniform(
     gpu,
@@ -463,10 +456,11 @@ export function attentionDecodeDispatches(
     workgroups: [splits, nKvHeads * geo.rowGroups, seqs],
   }];
   if (scratch) {
-    const combine = pipeline(gpu, "attention_decode.wgsl", {
-      constants,
-      prelude,
+    const combine = pipeline(gpu, "attention_combine.wgsl", {
+      constants: { WG: geo.wg, HD: D },
+      prelude: common,
       entryPoint: "combine",
+      unroll: opts.unroll,
     });
     dispatches.push({
       label: `${label} combine`,

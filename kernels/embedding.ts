@@ -6,7 +6,7 @@ import type { Gpu } from "../gpu/device.ts";
 import { WDTYPE } from "../gpu/dtype.ts";
 import { bindGroup, type Dispatch, grid, params, uniform } from "../gpu/dispatch.ts";
 import { pipeline } from "./pipeline.ts";
-import type { WeightBuffer } from "./matmul.ts";
+import type { WeightBuffer } from "./weight.ts";
 
 const WG = 256;
 

@@ -1,5 +1,5 @@
-// kernels/matmul.ts prepends matmul_common.wgsl: WDTYPE, NORM, SWIGLU, unpack2, w_row, store_out,
-// store4.
+// matmul_common.wgsl (prepended): WDTYPE, NORM, SWIGLU, Params, p, bias, y, cols, col_row,
+// unpack2, store_out, store4.
 // Tiled matmul for prefill (M > 64 rows): y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n]).
 //
 // Classic SGEMM register blocking. A workgroup of (BM / TM) x (BN / TN) threads owns a BM x BN
@@ -32,8 +32,8 @@
 //
 // SPLIT (split-K, for few-row products whose tiles alone leave the GPU idle): workgroup g takes
 // tile g % tiles and the K range [split * p.kspan, + p.kspan) of split g / tiles; it writes its
-// raw sums (and with NORM its rows' partial sums of x^2) to `part`, and the `reduce` entry point,
-// one thread per output, adds the splits in order and applies the epilogue.
+// raw sums (and with NORM its rows' partial sums of x^2) to `part`, and matmul_reduce.wgsl, one
+// thread per output, adds the splits in order and applies the epilogue.
 //
 // Optional fusions (override constants):
 // - NORM: y = (x / rms(x) * nw) . W^T. nw is fetched with x and scales it as it is staged;
@@ -46,8 +46,8 @@
 //
 // llvmpipe through GL: naga's GL backend zero-fills workgroup arrays with one constructor term
 // per element, and compile time grows steeply with their length and with the 8 x 8 arithmetic
-// (here: about 6 s per pipeline at BM = BN = 32, TM = TN = 8, BK = 8; minutes at the GPU's
-// shapes), so CPU adapters get a small configuration (kernels/matmul.ts).
+// (seconds to minutes per pipeline; docs/kernels.md), so CPU adapters get a small configuration
+// (kernels/matmul_tiled.ts).
 
 override BM: u32 = 64u; // tile rows (m): 16, 32, 64 or 128
 override BN: u32 = 64u; // tile columns (product columns): 16, 32, 64 or 128
@@ -56,32 +56,13 @@ override TN: u32 = 8u; // columns per thread: 4 or 8
 override BK: u32 = 16u; // k per step: 8, 16 or 32
 override BUFS: u32 = 2u; // workgroup buffers per tile: 2 = one barrier per step
 override ALIGNED: bool = false; // K % BK == 0: vector loads, no k bounds
-override SPLIT: bool = false; // split-K: partial sums to `part`, the `reduce` entry point finishes
+override SPLIT: bool = false; // split-K: partial sums to `part`, matmul_reduce.wgsl finishes
 
 const PAD: u32 = 4u; // floats after each k-row of a staged tile
 
-struct Params {
-  m: u32,
-  n: u32, // columns of y (F with SWIGLU)
-  k: u32,
-  groups_x: u32, // workgroups along x (the grid may be split over x and y)
-  y_stride: u32, // elements between rows of y
-  y_offset: u32, // element index of y[0, 0]
-  // Bit 0: add bias[n]. Bit 1: y += result (the residual add, fused). Uniform flags rather
-  // than overrides: one pipeline serves every projection of a shape.
-  flags: u32,
-  eps: f32, // RMSNorm epsilon (NORM)
-  block: u32, // gate/up rows per block of the interleaved W (SWIGLU)
-  kspan: u32, // K per split (a multiple of BK; >= K without SPLIT)
-  splits: u32, // K splits (SPLIT): workgroup g takes split g / tiles
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>; // [M, K], flat
 @group(0) @binding(2) var<storage, read> w: array<vec4<u32>>; // [rows, K] packed, flat
-@group(0) @binding(3) var<storage, read> bias: array<f32>; // per row of W
 @group(0) @binding(4) var<storage, read> nw: array<vec4<f32>>; // RMSNorm weights [K] (NORM)
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
 // SPLIT: [splits][M][cols()] partial products, then [splits][M] partial sums of x^2 (NORM).
 @group(0) @binding(6) var<storage, read_write> part: array<f32>;
 
@@ -140,19 +121,6 @@ fn ldx() -> u32 {
 
 fn ldw() -> u32 {
   return BN + PAD;
-}
-
-// Columns of the product: N, or 2F with SWIGLU (gate, up of output c / 2 at c even, odd).
-fn cols() -> u32 {
-  return select(p.n, 2u * p.n, SWIGLU);
-}
-
-// Row of W behind column c of the product.
-fn col_row(c: u32) -> u32 {
-  if (SWIGLU) {
-    return w_row(c / 2u, c % 2u);
-  }
-  return c;
 }
 
 fn x_at(e: u32) -> f32 {
@@ -599,43 +567,4 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       store(r1 + 3u, c1, acc.s71, split);
     }
   }
-}
-
-// SPLIT's second pass: one thread per output y[m, n] adds up the splits' partial products (the
-// gate and up columns 2n, 2n + 1 with SWIGLU) and finishes as the unsplit kernel would (1 / rms
-// from the splits' sums of x^2, bias, SiLU * up, residual add). Splits are summed in order, so
-// the result does not depend on the launch.
-@compute @workgroup_size(256)
-fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-  @builtin(local_invocation_index) lid: u32) {
-  let i = (wid.y * nwg.x + wid.x) * 256u + lid;
-  if (i >= p.m * p.n) {
-    return;
-  }
-  let m = i / p.n;
-  let n = i % p.n;
-  let c = select(n, 2u * n, SWIGLU);
-  let stride = p.m * cols();
-  var o = m * cols() + c;
-  var a = 0.0;
-  var b = 0.0;
-  for (var s = 0u; s < p.splits; s++) {
-    a += part[o];
-    if (SWIGLU) {
-      b += part[o + 1u];
-    }
-    o += stride;
-  }
-  if (NORM) {
-    var ss = 0.0;
-    var q = p.splits * stride + m;
-    for (var s = 0u; s < p.splits; s++) {
-      ss += part[q];
-      q += p.m;
-    }
-    let r = inverseSqrt(ss / f32(p.k) + p.eps);
-    a *= r;
-    b *= r;
-  }
-  store_out(m, n, a, b);
 }

@@ -1,11 +1,44 @@
-// Shared by the three matmul kernels (kernels/matmul.ts prepends it to each): the override
-// switches, weight unpacking, the gate/up row map and the epilogue (store_out, store4). Each
-// kernel declares `p: Params` (with n, y_stride, y_offset, flags, block), `bias: array<f32>`
-// and `y: array<f32>`.
+// Shared by the matmul kernels (kernels/matmul_common.ts prepends it to each of matmul_small,
+// matmul_rows, matmul (tiled), matmul_naive and matmul_reduce): the override switches, the one
+// Params layout (packed by kernels/matmul_common.ts, field for field), the bindings every kernel
+// shares, weight unpacking, the gate/up row map and the epilogue (store_out, store4).
 
 override WDTYPE: u32 = 1u; // 0 = f32, 1 = f16, 2 = bf16
 override NORM: bool = false; // fold RMSNorm(x) * nw into the product
 override SWIGLU: bool = false; // W is gate/up interleaved; y = silu(gate) * up
+
+struct Params {
+  m: u32, // rows of x
+  n: u32, // columns of y (F with SWIGLU)
+  k: u32, // columns of x and W (the small kernel has it as the override K)
+  groups_x: u32, // workgroups along x (the grid may be split over x and y)
+  y_stride: u32, // elements between rows of y
+  y_offset: u32, // element index of y[0, 0]
+  // Bit 0: add bias[n]. Bit 1: y += result (the residual add, fused). Uniform flags rather
+  // than overrides: one pipeline serves every projection of a shape.
+  flags: u32,
+  eps: f32, // RMSNorm epsilon (NORM)
+  block: u32, // gate/up rows per block of the interleaved W (SWIGLU)
+  kspan: u32, // K per split (split-K launches of `tiled` and `rows`; >= K when unsplit)
+  splits: u32, // K splits: workgroup g takes split g / tiles (1 when unsplit)
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(3) var<storage, read> bias: array<f32>; // per row of W
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+
+// Columns of the product: N, or 2F with SWIGLU (gate, up of output c / 2 at c even, odd).
+fn cols() -> u32 {
+  return select(p.n, 2u * p.n, SWIGLU);
+}
+
+// Row of W behind column c of the product.
+fn col_row(c: u32) -> u32 {
+  if (SWIGLU) {
+    return w_row(c / 2u, c % 2u);
+  }
+  return c;
+}
 
 // Two 16-bit weights of one word, even element first.
 fn unpack2(word: u32) -> vec2<f32> {

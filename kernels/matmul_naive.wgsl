@@ -1,4 +1,4 @@
-// kernels/matmul.ts prepends matmul_common.wgsl: WDTYPE, NORM, SWIGLU, unpack2, w_row, store_out.
+// matmul_common.wgsl (prepended): WDTYPE, NORM, SWIGLU, Params, p, bias, y, w_row, store_out.
 // Naive matmul, the plain statement of the contract and the path for shapes the fast kernels
 // do not take (decode rows with K not a multiple of the vector width):
 //   y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n])
@@ -14,26 +14,9 @@
 
 override WG: u32 = 64u; // a power of two (the tree reduction halves it)
 
-struct Params {
-  m: u32,
-  n: u32, // columns of y (F with SWIGLU)
-  k: u32,
-  groups_x: u32, // workgroups along x (the grid may be split over x and y)
-  y_stride: u32, // elements between rows of y
-  y_offset: u32, // element index of y[0, 0]
-  // Bit 0: add bias[n]. Bit 1: y += result (the residual add, fused). Uniform flags rather
-  // than overrides: one pipeline serves every projection of a shape.
-  flags: u32,
-  eps: f32, // RMSNorm epsilon (NORM)
-  block: u32, // gate/up rows per block of the interleaved W (SWIGLU)
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<u32>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>; // per row of W
 @group(0) @binding(4) var<storage, read> nw: array<f32>; // RMSNorm weights [K] (NORM)
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
 var<workgroup> red: array<f32, WG>;
 

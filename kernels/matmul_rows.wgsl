@@ -1,5 +1,5 @@
-// kernels/matmul.ts prepends matmul_common.wgsl: WDTYPE, NORM, SWIGLU, unpack2, w_row, store_out,
-// store4.
+// matmul_common.wgsl (prepended): WDTYPE, NORM, SWIGLU, Params, p, bias, y, cols, col_row,
+// unpack2.
 // Matmul for decode batches against wide matrices (by default M = 12..32 rows of x and W with at
 // least 4 times more rows than columns: gate/up, the LM head; any M when forced):
 // y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n]), 16-bit W, K % 8 == 0.
@@ -10,26 +10,25 @@
 // CW R multiply-adds per k: R / 4 vec4 reads per CW R multiply-adds, where the `tiled` kernel's
 // 4 x 4 blocks do 2 per 16, and W never passes through workgroup memory. Each vec4 read still
 // moves 16 bytes to every thread (512 per warp), which made those reads about a sixth of the
-// kernel's time with 4 columns (an ablation without them on the H200: gate/up at 32 rows 67.6
-// -> 56.8 us, the LM head 161 -> 130; without the W loads instead: 66.2 and 150); 8 columns
-// halve them per multiply-add, at twice the accumulators (kernels/matmul.ts `rowsTuning` says
-// where that pays). KL adjacent threads take adjacent units of a row of W (one 64- or 128-byte
-// run per row per load); CG column groups share a workgroup. K advances in stages of KL units:
-// each stage's x tile (R rows x 8 KL k, f32, transposed to [k][m] and scaled by the norm weights
+// kernel's time with 4 columns (docs/kernels.md, "rows"); 8 columns halve them per multiply-add,
+// at twice the accumulators (kernels/matmul_rows.ts `rowsTuning` says where that pays). KL
+// adjacent threads take adjacent units of a row of W (one 64- or 128-byte run per row per
+// load); CG column groups share a workgroup. K advances in stages of KL units: each stage's x
+// tile (R rows x 8 KL k, f32, transposed to [k][m] and scaled by the norm weights
 // with NORM) is staged through two buffers, one barrier per stage, with the next stage's x and W
 // loads in flight in registers during this stage's multiply-adds. Each lane's block of 8 k-rows
 // is padded by one vec4, so the KL lanes of a warp read distinct banks.
 //
 // Every launch splits K over p.splits workgroups per tile (possibly 1) and writes raw partial
 // sums to `part` in the layout of matmul.wgsl's SPLIT ([splits][M][cols], then the rows' sums
-// of x^2 [splits][M] with NORM); matmul.wgsl's `reduce` entry point adds the splits and applies
-// the epilogue (1 / rms, bias, SiLU * up, residual add). After the K loop the KL lanes' sums of
-// each column group are added through workgroup memory, four rows per round.
+// of x^2 [splits][M] with NORM); matmul_reduce.wgsl adds the splits and applies the epilogue
+// (1 / rms, bias, SiLU * up, residual add). After the K loop the KL lanes' sums of each column
+// group are added through workgroup memory, four rows per round.
 //
 // As in matmul.wgsl, accumulators and staged loads are named fields and the k steps of a unit
 // are written out (a loop trip costs ~30 ns on an H200, and an array indexed by a loop counter
-// would live in local memory). Launch shapes and what they measured against the kernels this one
-// replaced: kernels/matmul.ts (`rowsTuning`, `ROWS_MIN_M`).
+// would live in local memory). Launch shapes: kernels/matmul_rows.ts (`rowsTuning`); what they
+// measured against the kernels this one replaced: docs/kernels.md.
 
 override KL: u32 = 4u; // threads along K per column group, each one 8-wide unit per stage: 4 or 8
 override CG: u32 = 16u; // column groups of CW product columns per workgroup, >= R / 2
@@ -41,26 +40,11 @@ override LS: u32 = 8u * XS + 1u; // vec4 per lane block of 8 k-rows (padded by o
 override KC: u32 = KL * 8u; // k per stage
 override BUF: u32 = KL * LS; // vec4 per stage buffer
 
-struct Params {
-  m: u32,
-  n: u32, // columns of y (F with SWIGLU)
-  k: u32,
-  groups_x: u32, // workgroups along x (the grid may be split over x and y)
-  y_stride: u32, // (reduce)
-  y_offset: u32, // (reduce)
-  flags: u32, // (reduce)
-  eps: f32, // (reduce)
-  block: u32, // gate/up rows per block of the interleaved W (SWIGLU)
-  kspan: u32, // K per split, a multiple of KC
-  splits: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
+// The epilogue's fields of p (y_stride, y_offset, flags, eps) and bias, y are the reduce's; p.kspan
+// is a multiple of KC.
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>; // [M, K], flat
 @group(0) @binding(2) var<storage, read> w: array<vec4<u32>>; // [rows, K] packed, flat
-@group(0) @binding(3) var<storage, read> bias: array<f32>; // (reduce; declared for store_out)
 @group(0) @binding(4) var<storage, read> nw: array<vec4<f32>>; // RMSNorm weights [K] (NORM)
-@group(0) @binding(5) var<storage, read_write> y: array<f32>; // (reduce; declared for store_out)
 @group(0) @binding(6) var<storage, read_write> part: array<f32>;
 
 // Two stage buffers of [lane][8 k-rows][R / 4 vec4 of rows]; after the K loop, scratch for
@@ -94,19 +78,6 @@ struct Staged {
 
 fn threads() -> u32 {
   return KL * CG;
-}
-
-// Columns of the product: N, or 2F with SWIGLU (gate, up of output c / 2 at c even, odd).
-fn cols() -> u32 {
-  return select(p.n, 2u * p.n, SWIGLU);
-}
-
-// Row of W behind column c of the product.
-fn col_row(c: u32) -> u32 {
-  if (SWIGLU) {
-    return w_row(c / 2u, c % 2u);
-  }
-  return c;
 }
 
 // x slots of a stage: R rows x KC / 4 vec4 (slot s: row s / (KC / 4), k 4 (s % (KC / 4)) ..).

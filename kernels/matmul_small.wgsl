@@ -1,5 +1,5 @@
-// kernels/matmul.ts prepends matmul_common.wgsl: WDTYPE, NORM, SWIGLU, unpack2, w_row, store_out,
-// store4.
+// matmul_common.wgsl (prepended): WDTYPE, NORM, SWIGLU, Params, p, bias, y, cols, w_row,
+// unpack2, store_out, store4.
 // Register-blocked matmul for decode batches and short prompts (M = 1..64 rows of x):
 //   y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n])
 // W is read in 16-byte units (8 halves or 4 f32, vec4<u32> loads); each unit is widened once
@@ -42,25 +42,9 @@ override TK: u32 = 8u; // threads splitting K, a power of two >= RM
 override UNROLL: u32 = 1u; // units per column per loop iteration (loads in flight): 1, 2 or 4
 override KL: u32 = 8u; // adjacent threads along a row of W: 8 or 16 (at most TK take effect)
 
-struct Params {
-  m: u32, // rows of x
-  n: u32, // columns of y (F with SWIGLU)
-  groups_x: u32, // workgroups along x (the grid may be split over x and y)
-  y_stride: u32, // elements between rows of y
-  y_offset: u32, // element index of y[0, 0]
-  // Bit 0: add bias[n]. Bit 1: y += result (the residual add, fused). Uniform flags rather
-  // than overrides: one pipeline serves every projection of a shape.
-  flags: u32,
-  eps: f32, // RMSNorm epsilon (NORM)
-  block: u32, // gate/up rows per block of the interleaved W (SWIGLU)
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>; // per row of W
 @group(0) @binding(4) var<storage, read> nw: array<vec4<f32>>; // RMSNorm weights [K] (NORM)
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
 var<workgroup> red: array<vec4<f32>, TK * TN * TM>; // one entry per thread
 var<workgroup> inv_rms: array<f32, RM * TM>; // 1 / rms of the tile's rows of x (NORM)
@@ -80,11 +64,6 @@ fn xq() -> u32 {
 // Units per row of W.
 fn units() -> u32 {
   return K / (4u * xq());
-}
-
-// Columns of the product: N, or 2F with SWIGLU.
-fn cols() -> u32 {
-  return select(p.n, 2u * p.n, SWIGLU);
 }
 
 // First unit of the row of W behind product column c. Columns past the edge re-read the last
@@ -146,23 +125,17 @@ fn mac(a: vec4<f32>, t: Unit, i: u32) -> vec4<f32> {
   return s;
 }
 
-// Applies unit u to rows m0 .. m0 + RM - 1 of x. Constant indices only: the accumulators stay
-// in registers (an array indexed by a loop counter would live in local memory).
+// Applies unit u to rows m0 .. m0 + RM - 1 of x. Constant indices only (the loop is unrolled):
+// the accumulators stay in registers (an array indexed by a loop counter would live in local
+// memory).
 fn mac_rows(acc: ptr<function, array<vec4<f32>, 8>>, t: Unit, u: u32, m0: u32) {
   let i = xq() * u;
   (*acc)[0] = mac((*acc)[0], t, x_base(m0) + i);
-  if (RM > 1u) {
-    (*acc)[1] = mac((*acc)[1], t, x_base(m0 + 1u) + i);
-  }
-  if (RM > 2u) {
-    (*acc)[2] = mac((*acc)[2], t, x_base(m0 + 2u) + i);
-    (*acc)[3] = mac((*acc)[3], t, x_base(m0 + 3u) + i);
-  }
-  if (RM > 4u) {
-    (*acc)[4] = mac((*acc)[4], t, x_base(m0 + 4u) + i);
-    (*acc)[5] = mac((*acc)[5], t, x_base(m0 + 5u) + i);
-    (*acc)[6] = mac((*acc)[6], t, x_base(m0 + 6u) + i);
-    (*acc)[7] = mac((*acc)[7], t, x_base(m0 + 7u) + i);
+  // @unroll
+  for (var r = 1u; r < 8u; r++) {
+    if (RM > r) {
+      (*acc)[r] = mac((*acc)[r], t, x_base(m0 + r) + i);
+    }
   }
 }
 
@@ -225,15 +198,11 @@ fn gather(r: u32, v: vec4<f32>, slot: u32, kj: u32, part: ptr<function, vec4<f32
 // acc[r] by constant indices: a loop-indexed read would move acc to local memory.
 fn pick(acc: array<vec4<f32>, 8>, r: u32) -> vec4<f32> {
   var v = acc[0];
-  if (RM > 1u) {
-    v = select(v, acc[1], r == 1u);
-  }
-  if (RM > 2u) {
-    v = select(select(v, acc[2], r == 2u), acc[3], r == 3u);
-  }
-  if (RM > 4u) {
-    v = select(select(v, acc[4], r == 4u), acc[5], r == 5u);
-    v = select(select(v, acc[6], r == 6u), acc[7], r == 7u);
+  // @unroll
+  for (var i = 1u; i < 8u; i++) {
+    if (RM > i) {
+      v = select(v, acc[i], r == i);
+    }
   }
   return v;
 }
@@ -256,26 +225,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   for (var u = kj; u < units(); u += UNROLL * TK) {
     // All UNROLL units are loaded before any is applied: UNROLL x 4 loads in flight, and one
     // loop trip (~30 ns of overhead on an H200) per UNROLL units.
-    let a = load_unit(rows, u);
-    var b: Unit;
-    var c: Unit;
-    var d: Unit;
-    if (UNROLL > 1u) {
-      b = load_unit(rows, min(u + TK, units() - 1u));
+    var ld: array<Unit, 4>;
+    ld[0] = load_unit(rows, u);
+    // @unroll
+    for (var q = 1u; q < 4u; q++) {
+      if (UNROLL > q) {
+        ld[q] = load_unit(rows, min(u + q * TK, units() - 1u));
+      }
     }
-    if (UNROLL > 2u) {
-      c = load_unit(rows, min(u + 2u * TK, units() - 1u));
-      d = load_unit(rows, min(u + 3u * TK, units() - 1u));
-    }
-    mac_rows(&acc, a, u, m0);
-    if (UNROLL > 1u && u + TK < units()) {
-      mac_rows(&acc, b, u + TK, m0);
-    }
-    if (UNROLL > 2u && u + 2u * TK < units()) {
-      mac_rows(&acc, c, u + 2u * TK, m0);
-    }
-    if (UNROLL > 2u && u + 3u * TK < units()) {
-      mac_rows(&acc, d, u + 3u * TK, m0);
+    mac_rows(&acc, ld[0], u, m0);
+    // @unroll
+    for (var q = 1u; q < 4u; q++) {
+      if (UNROLL > q && u + q * TK < units()) {
+        mac_rows(&acc, ld[q], u + q * TK, m0);
+      }
     }
   }
 

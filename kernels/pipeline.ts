@@ -1,8 +1,10 @@
 /**
  * Kernel sources and their compiled pipelines: `kernels/<file>.wgsl` read once, compiled once per
- * device and set of override constants.
+ * device and set of override constants, with the loops marked `// @unroll` expanded
+ * (kernels/unroll.ts).
  */
 import type { Gpu } from "../gpu/device.ts";
+import { unrollLoops } from "./unroll.ts";
 
 const sources = new Map<string, string>();
 const pipelines = new WeakMap<GPUDevice, Map<string, GPUComputePipeline>>();
@@ -24,6 +26,25 @@ export interface PipelineOptions {
   /** Text prepended to the source, e.g. `enable f16;` for an optional fast path. */
   prelude?: string;
   entryPoint?: string;
+  /**
+   * Expand the loops marked `// @unroll` (default true). False compiles them as the loops they
+   * are, to measure one against the other (scripts/sweep_kernels.ts).
+   */
+  unroll?: boolean;
+}
+
+/**
+ * The WGSL that {@linkcode pipeline} compiles for `file`: the prelude, then the source, with the
+ * marked loops expanded unless `unroll` is false.
+ *
+ * @throws Error from {@linkcode unrollLoops} on a marked loop it cannot expand.
+ */
+export function shaderCode(
+  file: string,
+  options: Pick<PipelineOptions, "prelude" | "unroll"> = {},
+): string {
+  const source = (options.prelude ? options.prelude + "\n" : "") + wgsl(file);
+  return options.unroll ?? true ? unrollLoops(source, { label: file }) : source;
 }
 
 /**
@@ -37,12 +58,14 @@ export function pipeline(
 ): GPUComputePipeline {
   const constants = options.constants ?? {};
   const entryPoint = options.entryPoint ?? "main";
-  const key = `${file}|${entryPoint}|${options.prelude ?? ""}|${JSON.stringify(constants)}`;
+  const unroll = options.unroll ?? true;
+  const key = `${file}|${entryPoint}|${unroll}|${options.prelude ?? ""}|` +
+    JSON.stringify(constants);
   let cache = pipelines.get(gpu.device);
   if (!cache) pipelines.set(gpu.device, cache = new Map());
   let p = cache.get(key);
   if (!p) {
-    const code = (options.prelude ? options.prelude + "\n" : "") + wgsl(file);
+    const code = shaderCode(file, { prelude: options.prelude, unroll });
     const module = gpu.device.createShaderModule({ code, label: file });
     p = gpu.device.createComputePipeline({
       layout: "auto",

@@ -44,10 +44,11 @@ struct Dims { rows: u32, vocab: u32, _pad0: u32, _pad1: u32 } // rows: or Philox
 
 override WG: u32 = 256u; // power of two, <= MAX_WG
 const MAX_WG: u32 = 256u;
+const MAX_NBIN: u32 = 16u;
 
 // Bits per pass of the cut search: 4 (16 bins, 8 passes) on GPUs; 2 (4 bins, 16 passes) on CPU
 // adapters, where llvmpipe's LLVM takes minutes over the larger workgroup array.
-override DIGIT_BITS: u32 = 4u; // 2 or 4 (reduce_bins writes out up to 16 bins)
+override DIGIT_BITS: u32 = 4u; // 2 or 4 (reduce_bins unrolls up to MAX_NBIN bins)
 override NBIN: u32 = 1u << DIGIT_BITS;
 override DIGIT_PASSES: u32 = 32u / DIGIT_BITS;
 const COUNT_MASK: u32 = 0x3fffffffu;
@@ -141,29 +142,16 @@ fn add_bin(b: u32, s: u32) {
   }
 }
 
-// Sums part[b][t] over t for all bins; the result is in part[b][0]. The bins are written out,
-// not looped over: a loop trip costs ~30 ns on an H200, and this runs 8 levels x 8 passes.
+// Sums part[b][t] over t for all bins; the result is in part[b][0]. The loop over bins is
+// unrolled (`// @unroll`, kernels/unroll.ts): a loop trip costs ~30 ns on an H200, and this runs
+// 8 levels x 8 passes.
 fn reduce_bins() {
   for (var s = WG / 2u; s > 0u; s >>= 1u) {
     workgroupBarrier();
     if (lid < s) {
-      add_bin(0u, s);
-      add_bin(1u, s);
-      add_bin(2u, s);
-      add_bin(3u, s);
-      if (NBIN > 4u) {
-        add_bin(4u, s);
-        add_bin(5u, s);
-        add_bin(6u, s);
-        add_bin(7u, s);
-        add_bin(8u, s);
-        add_bin(9u, s);
-        add_bin(10u, s);
-        add_bin(11u, s);
-        add_bin(12u, s);
-        add_bin(13u, s);
-        add_bin(14u, s);
-        add_bin(15u, s);
+      // @unroll
+      for (var b = 0u; b < MAX_NBIN; b++) {
+        add_bin(b, s);
       }
     }
   }
@@ -353,10 +341,10 @@ fn row_stats() -> RowStats {
       m = mx;
     }
     s += dot(select(vec4<f32>(0.0), exp(x - vec4<f32>(m)), ok), vec4<f32>(1.0));
-    best = arg_step(best, ids.x, ok.x);
-    best = arg_step(best, ids.y, ok.y);
-    best = arg_step(best, ids.z, ok.z);
-    best = arg_step(best, ids.w, ok.w);
+    // @unroll
+    for (var c = 0u; c < 4u; c++) {
+      best = arg_step(best, ids[c], ok[c]);
+    }
   }
   var pm = best.p;
   var pa = best.id;

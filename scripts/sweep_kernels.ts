@@ -11,14 +11,19 @@
  *     [--attn-variants '[{}]'] [--out FILE]
  *
  * A variant is a partial `MatmulOptions` (kernels/matmul.ts) or a partial attention-decode
- * options object (kernels/attention_decode.ts), merged over what the engine would pass.
+ * options object (kernels/attention_decode.ts), merged over what the engine would pass. The
+ * kernels' `// @unroll` loops compiled as plain loops against their expansion (the default):
+ *
+ *   deno run -A scripts/sweep_kernels.ts --m 1,4,8,11,16 --variants '[{}, {"unroll": false}]'
+ *     --batches 1,8,32 --contexts 640,2048 --attn-variants '[{}, {"unroll": false}]'
  */
 import { parseArgs } from "node:util";
 import { createStorage, getGpu, type Gpu } from "../gpu/device.ts";
 import { timePasses } from "../gpu/timing.ts";
 import { shapeConfig, syntheticWeights } from "../engine/model/synthetic.ts";
 import { type Dispatch, encode } from "../gpu/dispatch.ts";
-import { matmulDispatches, type MatmulOptions, type WeightBuffer } from "../kernels/matmul.ts";
+import { matmulDispatches, type MatmulOptions } from "../kernels/matmul.ts";
+import type { WeightBuffer } from "../kernels/weight.ts";
 import { attentionDecodeDispatches } from "../kernels/attention_decode.ts";
 import { fillRandomDispatch } from "../kernels/fill_random.ts";
 

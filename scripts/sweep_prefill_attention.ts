@@ -5,7 +5,10 @@
  * `--iterations`. Prints µs per layer and the attention FLOP rate.
  *
  *   deno run -A scripts/sweep_prefill_attention.ts [--tokens 256] [--pos0 0,256]
- *     [--variants '[{}, {"tileRows": 64, "tileKeys": 32}]'] [--iterations 5]
+ *     [--variants '[{}, {"tileRows": 64, "tileKeys": 32}, {"unroll": false}]'] [--iterations 5]
+ *
+ * A variant is a partial `AttentionOptions`; `{"unroll": false}` compiles the kernel's
+ * `// @unroll` loops as plain loops.
  */
 import { parseArgs } from "node:util";
 import { createStorage, getGpu } from "../gpu/device.ts";

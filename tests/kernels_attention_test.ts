@@ -163,6 +163,8 @@ interface PrefillCase {
   kvDtype?: KvDtype;
   /** Rows the launch is built for (default `tokens`); rows past `tokens` must stay untouched. */
   capacity?: number;
+  /** False: the kernel's `// @unroll` loops compiled as loops. */
+  unroll?: boolean;
 }
 
 const TINY_HEADS = { nHeads: 32, nKvHeads: 4, headDim: 64 }; // TinyLlama's heads: GQA 8
@@ -201,6 +203,9 @@ for (
     { ...TINY_HEADS, tokens: 37, pos0: 29, capacity: 64 },
     { nHeads: 4, nKvHeads: 2, headDim: 64, tokens: 1, pos0: 70, capacity: 512 },
     { nHeads: 8, nKvHeads: 2, headDim: 64, tokens: 40, pos0: 5, capacity: 41, tokenOffset: 2 },
+    // The marked loops compiled as loops (what the GPU sweep measures against their expansion).
+    { ...TINY_HEADS, tokens: 37, pos0: 29, unroll: false },
+    { nHeads: 8, nKvHeads: 2, headDim: 80, tokens: 23, pos0: 50, unroll: false },
   ] as PrefillCase[]
 ) {
   const { nHeads, nKvHeads, headDim: D, tokens: T, pos0 } = c;
@@ -209,7 +214,7 @@ for (
     (c.maxTileBytes ? ` tile <= ${c.maxTileBytes} B` : "") +
     (c.tileRows ? ` tile ${c.tileRows}x${c.tileKeys}` : "") +
     (c.kvDtype ? ` kv ${c.kvDtype}` : "") +
-    (c.capacity ? ` launch for ${c.capacity}` : "");
+    (c.capacity ? ` launch for ${c.capacity}` : "") + (c.unroll === false ? " plain loops" : "");
   Deno.test(name + extra, async () => {
     const gpu = await testGpu();
     const r = rng(7 * T + D);
@@ -244,6 +249,7 @@ for (
       tokenOffset: c.tokenOffset,
       maxTileBytes: c.maxTileBytes,
       kvDtype: c.kvDtype,
+      unroll: c.unroll,
       ...forced,
     });
     await run(gpu, [d]);
@@ -288,6 +294,8 @@ interface DecodeCase {
   /** Llama 3.1's rope scaling (theta 500000, factor 8) instead of plain theta 10000. */
   llama3?: boolean;
   kvDtype?: KvDtype;
+  /** False: the kernels' `// @unroll` loops compiled as loops. */
+  unroll?: boolean;
 }
 
 /** Llama 3.1's inverse frequencies (rope scaling applied), as f32. */
@@ -434,6 +442,17 @@ for (
     },
     { ...HEADS_128, splitSize: 48, threads: 64 },
     { nHeads: 4, nKvHeads: 2, headDim: 256, seqLens: [100, 37], maxContext: 128, threads: 128 },
+    // The marked loops compiled as loops (what the GPU sweep measures against their expansion):
+    // one pass, and splits with their combine.
+    {
+      ...TINY_HEADS,
+      seqLens: RAGGED,
+      done: [3],
+      maxContext: 640,
+      splitSize: SINGLE,
+      unroll: false,
+    },
+    { ...TINY_HEADS, seqLens: RAGGED, done: [3], maxContext: 640, splitSize: 80, unroll: false },
   ] as DecodeCase[]
 ) {
   const { nHeads, nKvHeads, headDim: D, seqLens } = c;
@@ -447,7 +466,7 @@ for (
     (c.threads ? ` threads <= ${c.threads}` : "") +
     (c.maxTileBytes ? ` tile <= ${c.maxTileBytes} B` : "") +
     (c.done ? ` done ${c.done}` : "") + (c.llama3 ? " llama3" : "") +
-    (c.kvDtype ? ` kv ${c.kvDtype}` : "");
+    (c.kvDtype ? ` kv ${c.kvDtype}` : "") + (c.unroll === false ? " plain loops" : "");
   const name = `attention decode ${nHeads}/${nKvHeads}x${D} lens ${seqLens} ctx ${c.maxContext}`;
   Deno.test(name + extra, async () => {
     const gpu = await testGpu();
@@ -488,6 +507,7 @@ for (
       threads: c.threads,
       maxTileBytes: c.maxTileBytes,
       kvDtype,
+      unroll: c.unroll,
     };
     // An own scratch full of NaN: splits past a slot's end must never be read.
     const bytes = attentionDecodeScratchBytes(shape);

@@ -9,17 +9,15 @@ import assert from "node:assert/strict";
 import { createStorage } from "../gpu/device.ts";
 import { type DType, encode } from "../gpu/dtype.ts";
 import { run } from "../gpu/dispatch.ts";
+import { matmulDispatches, type MatmulPath, matmulPath } from "../kernels/matmul.ts";
+import type { RowsTuning } from "../kernels/matmul_rows.ts";
+import type { SmallTuning } from "../kernels/matmul_small.ts";
 import {
   interleaveGateUp,
-  matmulDispatches,
-  type MatmulPath,
-  matmulPath,
-  type RowsTuning,
-  type SmallTuning,
   SWIGLU_BLOCK,
   uploadWeight,
   type WeightBuffer,
-} from "../kernels/matmul.ts";
+} from "../kernels/weight.ts";
 import { matmulNormRef, matmulRef, swigluRef, weightRef } from "../kernels/reference.ts";
 import {
   assertClose,
@@ -61,6 +59,8 @@ interface FusedCase {
   small?: Partial<SmallTuning>;
   /** A `rows` launch shape other than the default. */
   rows?: Partial<RowsTuning>;
+  /** False: the kernels' `// @unroll` loops compiled as loops. */
+  unroll?: boolean;
 }
 
 /** W on the GPU (interleaved with swiglu), its reference values, and a matching bias. */
@@ -124,6 +124,7 @@ async function checkFused(c: FusedCase, seed: number): Promise<void> {
     swigluBlock: c.block,
     small: c.small,
     rows: c.rows,
+    unroll: c.unroll,
   });
   assert.equal(matmulPath(m, w), c.path, `${ds[0].label} picked the wrong kernel`);
   await run(gpu, ds);
@@ -137,7 +138,8 @@ async function checkFused(c: FusedCase, seed: number): Promise<void> {
     : matmulRef(x.values, ref, { m, n, k, bias: biasRef, y });
   const tuning = c.small ?? c.rows;
   const shape = tuning ? ` ${JSON.stringify(tuning)}` : "";
-  assertClose(`${ds[0].label}${c.block ? ` B=${c.block}` : ""}${shape}`, gotDense, want);
+  const loops = c.unroll === false ? " plain loops" : "";
+  assertClose(`${ds[0].label}${c.block ? ` B=${c.block}` : ""}${shape}${loops}`, gotDense, want);
 }
 
 const NORM_CASES: FusedCase[] = [
@@ -357,6 +359,8 @@ const SWIGLU_CASES: FusedCase[] = [
     accumulate: true,
   },
   { m: 70, n: 37, k: 37, dtype: "bf16", path: "tiled", swiglu: true, norm: true, block: 32 },
+  // The marked loops compiled as loops, fused.
+  { m: 5, n: 37, k: 64, dtype: "f16", path: "small", swiglu: true, norm: true, unroll: false },
 ];
 
 Deno.test("matmul + rmsnorm: small, rows, naive and tiled kernels, all dtypes, bias and +=", async () => {

@@ -10,20 +10,11 @@ import { type DType, encode } from "../gpu/dtype.ts";
 import { run } from "../gpu/dispatch.ts";
 import { embeddingDispatch } from "../kernels/embedding.ts";
 import { rmsnormDispatch } from "../kernels/rmsnorm.ts";
-import {
-  interleaveGateUp,
-  matmulDispatches,
-  type MatmulPath,
-  matmulPath,
-  type RowsTuning,
-  rowsTuning,
-  type SmallTuning,
-  smallTuning,
-  type TiledTuning,
-  tiledTuning,
-  uploadWeight,
-  type WeightBuffer,
-} from "../kernels/matmul.ts";
+import { matmulDispatches, type MatmulPath, matmulPath } from "../kernels/matmul.ts";
+import { type RowsTuning, rowsTuning } from "../kernels/matmul_rows.ts";
+import { type SmallTuning, smallTuning } from "../kernels/matmul_small.ts";
+import { type TiledTuning, tiledTuning } from "../kernels/matmul_tiled.ts";
+import { interleaveGateUp, uploadWeight, type WeightBuffer } from "../kernels/weight.ts";
 import { addDispatch, siluMulDispatch } from "../kernels/elementwise.ts";
 import {
   addRef,
@@ -125,6 +116,8 @@ interface MatmulCase {
   small?: Partial<SmallTuning>;
   /** A `rows` launch shape other than the default. */
   rows?: Partial<RowsTuning>;
+  /** False: the kernels' `// @unroll` loops compiled as loops. */
+  unroll?: boolean;
 }
 
 async function checkMatmul(c: MatmulCase, seed: number): Promise<void> {
@@ -144,6 +137,7 @@ async function checkMatmul(c: MatmulCase, seed: number): Promise<void> {
     yOffset: y0.at.offset,
     small: c.small,
     rows: c.rows,
+    unroll: c.unroll,
   });
   assert.equal(matmulPath(m, w), c.path, `${ds[0].label} picked the wrong kernel`);
   await run(gpu, ds);
@@ -156,7 +150,8 @@ async function checkMatmul(c: MatmulCase, seed: number): Promise<void> {
     y: c.accumulate ? denseRows(y0.values, y0.at) : undefined,
   });
   const shape = c.small ?? c.rows;
-  assertClose(`${ds[0].label}${shape ? ` ${JSON.stringify(shape)}` : ""}`, gotDense, want);
+  const loops = c.unroll === false ? " plain loops" : "";
+  assertClose(`${ds[0].label}${shape ? ` ${JSON.stringify(shape)}` : ""}${loops}`, gotDense, want);
 }
 
 const MATMUL_CASES: MatmulCase[] = [
@@ -261,6 +256,19 @@ const MATMUL_CASES: MatmulCase[] = [
   ...DTYPES.map((dtype): MatmulCase => ({ m: 65, n: 33, k: 37, dtype, path: "tiled" })),
   { m: 70, n: 101, k: 256, dtype: "f16", path: "tiled", bias: true, accumulate: true },
   { m: 70, n: 1, k: 129, dtype: "bf16", path: "tiled" },
+  // The marked loops compiled as loops (what the GPU sweep measures against their expansion):
+  // every row count per thread, and four units per trip.
+  { m: 8, n: 37, k: 64, dtype: "f16", path: "small", unroll: false },
+  { m: 3, n: 33, k: 36, dtype: "f32", path: "small", accumulate: true, unroll: false },
+  {
+    m: 9,
+    n: 33,
+    k: 256,
+    dtype: "bf16",
+    path: "small",
+    small: { rm: 8, tk: 8, unroll: 4 },
+    unroll: false,
+  },
 ];
 
 Deno.test("matmul: small, rows, naive and tiled kernels, all dtypes, awkward shapes", async () => {

@@ -13,7 +13,7 @@ import type { GpuModel } from "./gpu_model.ts";
 import { loadModelFolder } from "./folder.ts";
 import { TextTokenizer } from "./tokenizer.ts";
 import { Progress } from "./progress.ts";
-import type { WeightBuffer } from "../../kernels/matmul.ts";
+import type { WeightBuffer } from "../../kernels/weight.ts";
 import { type Dispatch, run } from "../../gpu/dispatch.ts";
 import { fillRandomDispatch } from "../../kernels/fill_random.ts";
 

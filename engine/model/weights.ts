@@ -10,7 +10,7 @@ import { BYTES, decode, type DType, encode } from "../../gpu/dtype.ts";
 import type { ModelConfig } from "./config.ts";
 import type { ModelFolder } from "./folder.ts";
 import { readTensor, type TensorInfo } from "./safetensors.ts";
-import { interleaveGateUp, type WeightBuffer } from "../../kernels/matmul.ts";
+import { interleaveGateUp, type WeightBuffer } from "../../kernels/weight.ts";
 import { Progress } from "./progress.ts";
 
 /** One decoder layer on the GPU. */

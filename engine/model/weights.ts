@@ -1,7 +1,7 @@
 /**
  * Uploads a model folder's tensors to the GPU, one tensor at a time (the file is never held
  * twice). 16-bit weights stay 16-bit; q/k/v are concatenated into one matrix and gate/up are
- * interleaved into one (kernels/matmul.ts `interleaveGateUp`) so one matmul computes each. Norm
+ * interleaved into one (kernels/weight.ts `interleaveGateUp`) so one matmul computes each. Norm
  * weights and biases become f32.
  */
 import type { Gpu } from "../../gpu/device.ts";

@@ -62,6 +62,8 @@ export interface GenerateRequest {
   sampling: SamplingOptions;
   /** Continue this session: its cached tokens are reused and the new state saved back. */
   sessionId?: string;
+  /** Prefix-cache scope: KV blocks are shared only between requests of the same tenant. */
+  tenant?: string;
   signal?: AbortSignal;
 }
 

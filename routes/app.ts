@@ -34,6 +34,23 @@ function staticRoot(dir: string | URL | null | undefined): string | null {
 }
 
 /**
+ * Whether a path may name a file of the page. serveStatic logs why it could not open a file
+ * other than a missing one (a NUL byte, a name too long), so a client could fill the log; no
+ * file of the page has such a name.
+ */
+function servableName(path: string): boolean {
+  let decoded: string;
+  try {
+    decoded = decodeURIComponent(path);
+  } catch {
+    return false;
+  }
+  // deno-lint-ignore no-control-regex
+  if (/[\x00-\x1f\x7f]/.test(decoded)) return false;
+  return decoded.split("/").every((part) => part.length <= 255);
+}
+
+/**
  * Builds the app around an engine.
  *
  * @param engine the model server (`Engine` from engine/engine.ts)
@@ -106,6 +123,11 @@ export function createApp(engine: EngineLike, options: ServerOptions = {}): Hono
   app.route("/metrics", metricsRoutes(ctx.metrics));
 
   const root = staticRoot(options.staticDir);
-  if (root !== null) app.get("/*", serveStatic({ root }));
+  if (root !== null) {
+    app.get("/*", async (c, next) => {
+      if (!servableName(c.req.path)) return c.notFound();
+      await next();
+    }, serveStatic({ root }));
+  }
   return app;
 }

@@ -258,9 +258,13 @@ async function serve(args: string[]): Promise<void> {
           `${apiKeys.length} API key${apiKeys.length === 1 ? "" : "s"})`,
       ),
   });
-  // On SIGINT/SIGTERM: new requests get 503 while running ones finish, then exit.
+  // On SIGINT/SIGTERM: new requests get 503 while running ones finish, then exit. Once: a
+  // terminal's Ctrl-C also reaches scripts/launch.ts, which passes it on.
+  let draining = false;
   for (const sig of ["SIGINT", "SIGTERM"] as const) {
     Deno.addSignalListener(sig, () => {
+      if (draining) return;
+      draining = true;
       console.error(`strata: ${sig}, draining`);
       shutdown.abort();
       server.shutdown().then(() => engine.flushSnapshots()).then(() => engine.close())
@@ -279,7 +283,12 @@ if (import.meta.main) {
       Deno.exit(command === undefined || command === "help" || command === "--help" ? 0 : 2);
     }
   } catch (e) {
-    console.error(`strata: ${e instanceof Error ? e.message : e}`);
+    // `deno task start` grants what the flags name (scripts/launch.ts); say how to get more.
+    const hint = e instanceof Deno.errors.NotCapable
+      ? " (deno task start and generate grant only what their flags name: pass the path or " +
+        "host as a flag, or run deno run with the --allow-* flag above; see README, Permissions)"
+      : "";
+    console.error(`strata: ${e instanceof Error ? e.message : e}${hint}`);
     Deno.exit(1);
   }
 }

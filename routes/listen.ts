@@ -226,10 +226,10 @@ export class Listener {
       }
       backoff = 0;
       this.#stats.accepted++;
-      if (this.#conns.size < this.#limit) this.#open(conn);
+      if (this.#conns.size < this.#limit) this.#serve(conn);
       else if (this.#evictIdle(1) === 0) this.#shed(conn);
       else {
-        this.#open(conn);
+        this.#serve(conn);
         // Let the inner server close its side of the evicted connection before the next
         // accept: under a flood, its descriptors would otherwise pile up faster than it can.
         await new Promise((r) => setTimeout(r, 1));
@@ -274,6 +274,16 @@ export class Listener {
   #shed(conn: Deno.TcpConn): void {
     this.#stats.shed++;
     Connection.shed(conn);
+  }
+
+  /** Serves `conn`; nothing it does may reject unhandled (that would end the process). */
+  #serve(conn: Deno.TcpConn): void {
+    this.#open(conn).catch((e) => {
+      this.#log(`strata: a connection failed: ${(e as Error)?.message ?? e}`);
+      try {
+        conn.close();
+      } catch { /* closed */ }
+    });
   }
 
   /** Connects `conn` to the inner server and pipes the two. */

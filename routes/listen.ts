@@ -120,7 +120,13 @@ export class Listener {
     this.#idleMs = options.idleTimeoutMs ?? 30_000;
     this.#log = options.log ?? ((m) => console.error(m));
     this.#startInner();
-    this.#listener = Deno.listen({ hostname: options.hostname, port: options.port });
+    try {
+      this.#listener = Deno.listen({ hostname: options.hostname, port: options.port });
+    } catch (e) {
+      this.#closing = true;
+      this.#inner?.shutdown().catch(() => {});
+      throw e;
+    }
     this.addr = this.#listener.addr;
     options.onListen?.(this.addr);
     this.finished = this.#acceptLoop();

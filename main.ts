@@ -1,8 +1,8 @@
 /**
  * strata's command line: `serve` runs the OpenAI-compatible server, `generate` runs one prompt.
  *
- *   deno task start [--model DIR] [--host H] [--port N] [--api-key KEY] [--kv PATH]
- *                   [--kv-cold DIR] [--kv-warm-mb N]
+ *   deno task start [--model DIR] [--host H] [--port N] [--api-key KEY]... [--kv PATH]
+ *                   [--kv-cold DIR] [--kv-warm-mb N] [--max-connections N] [--allowed-hosts H,...]
  *   deno task generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *                      [--temperature T] [--seed S] [--json] [--kv-dtype f32|f16]
  *                      [--context-length N]
@@ -18,10 +18,11 @@ import { parseKvDtype } from "./gpu/dtype.ts";
 export const DEFAULT_MODEL = new URL("./models/strata-default", import.meta.url).pathname;
 
 const USAGE = `usage:
-  main.ts serve    [--model DIR] [--host H] [--port N] [--api-key KEY] [--kv PATH]
+  main.ts serve    [--model DIR] [--host H] [--port N] [--api-key KEY]... [--kv PATH]
                    [--max-slots N] [--max-queued N] [--context-length N] [--cors ORIGINS]
-                   [--max-body-bytes N] [--kv-dtype f32|f16] [--kv-blocks N]
-                   [--kv-cold DIR] [--kv-warm-mb N]
+                   [--allowed-hosts HOSTS] [--max-body-bytes N] [--max-connections N]
+                   [--header-timeout S] [--idle-timeout S] [--body-timeout S]
+                   [--kv-dtype f32|f16] [--kv-blocks N] [--kv-cold DIR] [--kv-warm-mb N]
   main.ts generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
                    [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
                    [--stop STR] [--chat] [--json] [--kv-dtype f32|f16] [--context-length N]
@@ -32,9 +33,17 @@ none unless given: its blocks then all stay in it).
 --kv-dtype f16 holds the KV cache in half the memory (K and V rounded to f16); default f32.
 --kv-blocks N sizes the GPU KV pool in 16-token blocks (default 4096 f32 blocks' worth of memory,
 at most what one binding holds).
-Environment: STRATA_MODEL, HOST, PORT, STRATA_API_KEY, STRATA_KV, STRATA_CORS, STRATA_MAX_SLOTS,
-STRATA_MAX_QUEUED, STRATA_CONTEXT_LENGTH, STRATA_MAX_BODY_BYTES, STRATA_KV_DTYPE,
-STRATA_KV_BLOCKS, STRATA_KV_COLD, STRATA_KV_WARM_MB`;
+--api-key KEY, once per tenant: each key's sessions and prefix cache are its own.
+--allowed-hosts: Host names the server answers to (default: the loopback names when --host is a
+loopback address, else any; * for any). --cors ORIGINS also lets those pages open WebSockets.
+--max-connections N (default 512), --header-timeout S (a new connection's request head, default
+10), --idle-timeout S (a kept-alive connection's next request, default 30), --body-timeout S
+(a request body, default 30).
+Environment: STRATA_MODEL, HOST, PORT, STRATA_API_KEY, STRATA_API_KEYS (comma-separated),
+STRATA_KV, STRATA_CORS, STRATA_ALLOWED_HOSTS, STRATA_MAX_SLOTS, STRATA_MAX_QUEUED,
+STRATA_CONTEXT_LENGTH, STRATA_MAX_BODY_BYTES, STRATA_MAX_CONNECTIONS, STRATA_HEADER_TIMEOUT,
+STRATA_IDLE_TIMEOUT, STRATA_BODY_TIMEOUT, STRATA_KV_DTYPE, STRATA_KV_BLOCKS, STRATA_KV_COLD,
+STRATA_KV_WARM_MB`;
 
 function int(name: string, v: string | undefined, fallback: number): number {
   if (v === undefined) return fallback;
@@ -48,6 +57,18 @@ function num(name: string, v: string | undefined, fallback: number): number {
   const n = Number(v);
   if (!Number.isFinite(n)) throw new Error(`--${name} must be a number; got '${v}'`);
   return n;
+}
+
+/** A duration flag in seconds (> 0), as milliseconds. */
+function seconds(name: string, v: string | undefined, fallback: number): number {
+  const s = num(name, v, fallback);
+  if (!(s > 0)) throw new Error(`--${name} must be a number of seconds > 0; got '${v}'`);
+  return s * 1000;
+}
+
+/** A comma-separated list, empty items dropped; undefined when absent. */
+function list(v: string | undefined): string[] | undefined {
+  return v?.split(",").map((x) => x.trim()).filter((x) => x !== "");
 }
 
 async function generate(args: string[]): Promise<void> {
@@ -132,8 +153,13 @@ async function serve(args: string[]): Promise<void> {
       model: { type: "string" },
       host: { type: "string" },
       port: { type: "string" },
-      "api-key": { type: "string" },
+      "api-key": { type: "string", multiple: true },
       cors: { type: "string" },
+      "allowed-hosts": { type: "string" },
+      "max-connections": { type: "string" },
+      "header-timeout": { type: "string" },
+      "idle-timeout": { type: "string" },
+      "body-timeout": { type: "string" },
       "max-slots": { type: "string" },
       "max-queued": { type: "string" },
       "context-length": { type: "string" },
@@ -154,6 +180,46 @@ async function serve(args: string[]): Promise<void> {
   if (!kvPath && (kvCold !== undefined || warmArg !== undefined)) {
     throw new Error("--kv-cold and --kv-warm-mb need --kv PATH (the session store)");
   }
+  // The server's flags are checked before the model loads, so a typo fails at once.
+  const hostname = v.host ?? env("HOST") ?? "127.0.0.1";
+  const port = int("port", v.port ?? env("PORT"), 8000);
+  const maxConnections = int(
+    "max-connections",
+    v["max-connections"] ?? env("STRATA_MAX_CONNECTIONS"),
+    512,
+  );
+  if (maxConnections < 1) throw new Error(`--max-connections must be >= 1; got ${maxConnections}`);
+  const limits = {
+    maxConnections,
+    headerTimeoutMs: seconds(
+      "header-timeout",
+      v["header-timeout"] ?? env("STRATA_HEADER_TIMEOUT"),
+      10,
+    ),
+    idleTimeoutMs: seconds("idle-timeout", v["idle-timeout"] ?? env("STRATA_IDLE_TIMEOUT"), 30),
+  };
+  const bodyTimeoutMs = seconds(
+    "body-timeout",
+    v["body-timeout"] ?? env("STRATA_BODY_TIMEOUT"),
+    30,
+  );
+  const maxBodyBytes = int(
+    "max-body-bytes",
+    v["max-body-bytes"] ?? env("STRATA_MAX_BODY_BYTES"),
+    1 << 20,
+  );
+  // Flags replace the environment's keys; STRATA_API_KEY (one key) joins STRATA_API_KEYS.
+  const envKey = env("STRATA_API_KEY");
+  const apiKeys = v["api-key"]?.length
+    ? v["api-key"]
+    : [...(list(env("STRATA_API_KEYS")) ?? []), ...(envKey ? [envKey] : [])];
+  if (apiKeys.some((k) => k.trim() === "")) throw new Error("--api-key must not be empty");
+  const { isLoopback, LOOPBACK_HOSTS } = await import("./routes/guard.ts");
+  const allowedHosts = list(v["allowed-hosts"] ?? env("STRATA_ALLOWED_HOSTS")) ??
+    (isLoopback(hostname) ? LOOPBACK_HOSTS : ["*"]);
+  if (allowedHosts.length === 0) {
+    throw new Error("--allowed-hosts must name at least one host name (or * for any)");
+  }
   const model = v.model ?? env("STRATA_MODEL") ?? DEFAULT_MODEL;
   // The engine runs in a worker: its GPU waits block that thread, not the server's.
   const engine = await WorkerEngine.load({ dir: model }, {
@@ -171,32 +237,34 @@ async function serve(args: string[]): Promise<void> {
       : undefined,
   });
   const { createApp } = await import("./routes/app.ts");
-  const cors = v.cors ?? env("STRATA_CORS");
+  const { listen } = await import("./routes/listen.ts");
   const shutdown = new AbortController();
   const app = createApp(engine, {
-    apiKey: v["api-key"] ?? env("STRATA_API_KEY"),
-    corsOrigins: cors ? cors.split(",") : undefined,
-    maxBodyBytes: int(
-      "max-body-bytes",
-      v["max-body-bytes"] ?? env("STRATA_MAX_BODY_BYTES"),
-      1 << 20,
-    ),
+    apiKeys,
+    allowedHosts,
+    corsOrigins: list(v.cors ?? env("STRATA_CORS")),
+    maxBodyBytes,
+    bodyTimeoutMs,
     shutdown: shutdown.signal,
   });
-  const hostname = v.host ?? env("HOST") ?? "127.0.0.1";
-  const port = int("port", v.port ?? env("PORT"), 8000);
-  const server = Deno.serve({
+  const server = listen(app.fetch, {
     hostname,
     port,
+    ...limits,
     onListen: ({ hostname, port }) =>
       console.error(
         `strata: serving ${engine.modelId} on ${engine.adapterName} at http://${hostname}:${port}/` +
-          ` (KV cache: ${engine.kvStats().gpu.total} blocks of 16 tokens, ${engine.kvDtype})`,
+          ` (KV cache: ${engine.kvStats().gpu.total} blocks of 16 tokens, ${engine.kvDtype}; ` +
+          `${apiKeys.length} API key${apiKeys.length === 1 ? "" : "s"})`,
       ),
-  }, app.fetch);
-  // On SIGINT/SIGTERM: new requests get 503 while running ones finish, then exit.
+  });
+  // On SIGINT/SIGTERM: new requests get 503 while running ones finish, then exit. Once: a
+  // terminal's Ctrl-C also reaches scripts/launch.ts, which passes it on.
+  let draining = false;
   for (const sig of ["SIGINT", "SIGTERM"] as const) {
     Deno.addSignalListener(sig, () => {
+      if (draining) return;
+      draining = true;
       console.error(`strata: ${sig}, draining`);
       shutdown.abort();
       server.shutdown().then(() => engine.flushSnapshots()).then(() => engine.close())
@@ -215,7 +283,12 @@ if (import.meta.main) {
       Deno.exit(command === undefined || command === "help" || command === "--help" ? 0 : 2);
     }
   } catch (e) {
-    console.error(`strata: ${e instanceof Error ? e.message : e}`);
+    // `deno task start` grants what the flags name (scripts/launch.ts); say how to get more.
+    const hint = e instanceof Deno.errors.NotCapable
+      ? " (deno task start and generate grant only what their flags name: pass the path or " +
+        "host as a flag, or run deno run with the --allow-* flag above; see README, Permissions)"
+      : "";
+    console.error(`strata: ${e instanceof Error ? e.message : e}${hint}`);
     Deno.exit(1);
   }
 }

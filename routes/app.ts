@@ -1,40 +1,31 @@
 /**
- * The HTTP app: CORS, auth, body limits, metrics, the sub-apps, the static chat page, and one
- * error handler that answers in OpenAI's error shape. docs/api.md documents every route.
+ * The HTTP app: the Host allow-list, CORS, API keys and tenants, JSON bodies within limits,
+ * metrics, the sub-apps, the static chat page, and one error handler that answers in OpenAI's
+ * error shape. docs/api.md documents every route; routes/listen.ts serves it.
  */
 import { Hono } from "hono";
-import { bodyLimit } from "hono/body-limit";
 import { cors } from "hono/cors";
 import { serveStatic } from "hono/deno";
 import { matchedRoutes } from "hono/route";
 import type { EngineLike } from "../api/types.ts";
+import { bodyReader } from "./body.ts";
 import { chatRoutes } from "./chat.ts";
 import { completionsRoutes } from "./completions.ts";
 import { fnv1a, type ServerContext, type ServerOptions } from "./context.ts";
 import { ApiError, renderError } from "./errors.ts";
+import { hostGuard, jsonOnly } from "./guard.ts";
 import { healthRoutes } from "./health.ts";
 import { createMetrics, metricsRoutes } from "./metrics.ts";
 import { modelsRoutes } from "./models.ts";
 import { sessionsRoutes } from "./sessions.ts";
 import { tokenizeRoutes } from "./tokenize.ts";
+import { auth } from "./tenants.ts";
 import { wsRoutes } from "./ws.ts";
 
 export type { ServerOptions } from "./context.ts";
 
 const WS_PATH = "/v1/chat/ws";
 const METHODS = new Set(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]);
-
-async function sha256(text: string): Promise<Uint8Array> {
-  return new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text)));
-}
-
-/** Compares the SHA-256 digests byte by byte, always all 32, so timing says nothing of the key. */
-async function keyMatches(given: string, expected: Promise<Uint8Array>): Promise<boolean> {
-  const [a, b] = await Promise.all([sha256(given), expected]);
-  let diff = 0;
-  for (let i = 0; i < a.length; i++) diff |= a[i] ^ b[i];
-  return diff === 0;
-}
 
 function staticRoot(dir: string | URL | null | undefined): string | null {
   if (dir === null) return null;
@@ -44,16 +35,33 @@ function staticRoot(dir: string | URL | null | undefined): string | null {
 }
 
 /**
+ * Whether a path may name a file of the page. serveStatic logs why it could not open a file
+ * other than a missing one (a NUL byte, a name too long), so a client could fill the log; no
+ * file of the page has such a name.
+ */
+function servableName(path: string): boolean {
+  let decoded: string;
+  try {
+    decoded = decodeURIComponent(path);
+  } catch {
+    return false;
+  }
+  // deno-lint-ignore no-control-regex
+  if (/[\x00-\x1f\x7f]/.test(decoded)) return false;
+  return decoded.split("/").every((part) => part.length <= 255);
+}
+
+/**
  * Builds the app around an engine.
  *
  * @param engine the model server (`Engine` from engine/engine.ts)
  * @param options auth, CORS, limits and shutdown; see {@linkcode ServerOptions}
- * @returns a Hono app; serve it with `Deno.serve({ port }, app.fetch)`
+ * @returns a Hono app; serve it with `listen(app.fetch, ...)` (routes/listen.ts) or `Deno.serve`
  *
  * @example
  * ```ts
- * const app = createApp(await Engine.load("models/tinyllama"), { apiKey: Deno.env.get("KEY") });
- * Deno.serve({ port: 8080 }, app.fetch);
+ * const app = createApp(await Engine.load("models/tinyllama"), { apiKeys: ["key-a", "key-b"] });
+ * listen(app.fetch, { hostname: "127.0.0.1", port: 8080 });
  * ```
  */
 export function createApp(engine: EngineLike, options: ServerOptions = {}): Hono {
@@ -61,6 +69,8 @@ export function createApp(engine: EngineLike, options: ServerOptions = {}): Hono
     engine,
     metrics: createMetrics(engine),
     maxBodyBytes: options.maxBodyBytes ?? 1 << 20,
+    bodyTimeoutMs: options.bodyTimeoutMs ?? 30_000,
+    corsOrigins: options.corsOrigins ?? [],
     maxQueued: options.maxQueued ?? Infinity,
     retryAfterSeconds: options.retryAfterSeconds ?? 1,
     shutdown: options.shutdown,
@@ -90,48 +100,20 @@ export function createApp(engine: EngineLike, options: ServerOptions = {}): Hono
     });
   });
 
-  const origins = options.corsOrigins ?? [];
+  // DNS rebinding: a page whose host name now resolves to this server still sends its own name.
+  if (options.allowedHosts && !options.allowedHosts.includes("*")) {
+    app.use("*", hostGuard(options.allowedHosts));
+  }
+
+  const origins = ctx.corsOrigins;
   if (origins.length > 0) {
     app.use("*", cors({ origin: origins.includes("*") ? "*" : origins, maxAge: 600 }));
   }
 
-  if (options.apiKey !== undefined) {
-    const expected = sha256(options.apiKey);
-    app.use("/v1/*", async (c, next) => {
-      const header = c.req.header("authorization");
-      const bearer = header?.match(/^Bearer\s+(.+)$/i)?.[1];
-      // Browsers cannot set headers on a WebSocket, so the socket may carry the key in the URL.
-      const given = bearer ?? (c.req.path === WS_PATH ? c.req.query("api_key") : undefined);
-      if (given === undefined || !(await keyMatches(given.trim(), expected))) {
-        throw new ApiError(
-          401,
-          given === undefined
-            ? "missing API key; send the header Authorization: Bearer <key>"
-            : "incorrect API key; send the server's key as Authorization: Bearer <key>",
-          {
-            type: "invalid_request_error",
-            code: "invalid_api_key",
-            headers: { "WWW-Authenticate": 'Bearer realm="strata"' },
-          },
-        );
-      }
-      await next();
-    });
-  }
-
-  app.use(
-    "/v1/*",
-    bodyLimit({
-      maxSize: ctx.maxBodyBytes,
-      onError: () => {
-        throw new ApiError(
-          413,
-          `the request body is over ${ctx.maxBodyBytes} bytes; send a smaller one`,
-          { code: "request_too_large" },
-        );
-      },
-    }),
-  );
+  const keys = [...(options.apiKeys ?? []), ...(options.apiKey ? [options.apiKey] : [])];
+  if (keys.length > 0) app.use("/v1/*", auth(keys, WS_PATH));
+  app.use("/v1/*", jsonOnly);
+  app.use("/v1/*", bodyReader({ maxBytes: ctx.maxBodyBytes, timeoutMs: ctx.bodyTimeoutMs }));
 
   app.route("/v1/completions", completionsRoutes(ctx));
   app.route("/v1/chat/completions", chatRoutes(ctx));
@@ -143,6 +125,11 @@ export function createApp(engine: EngineLike, options: ServerOptions = {}): Hono
   app.route("/metrics", metricsRoutes(ctx.metrics));
 
   const root = staticRoot(options.staticDir);
-  if (root !== null) app.get("/*", serveStatic({ root }));
+  if (root !== null) {
+    app.get("/*", async (c, next) => {
+      if (!servableName(c.req.path)) return c.notFound();
+      await next();
+    }, serveStatic({ root }));
+  }
   return app;
 }

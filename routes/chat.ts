@@ -5,6 +5,7 @@ import { admit, type ServerContext } from "./context.ts";
 import { ApiError } from "./errors.ts";
 import { collect, startChoices, streamRuns, usageOf } from "./generation.ts";
 import { readJson } from "./fields.ts";
+import { requestTenant } from "./tenants.ts";
 import { parseChat, samplingFor } from "./validate.ts";
 
 /** One entry of chat `logprobs.content`. */
@@ -43,6 +44,7 @@ export function chatRoutes(ctx: ServerContext): Hono {
     const prompts = [req.promptIds];
     const runs = startChoices(ctx, prompts, req.n, (j) => samplingFor(req, top, j), {
       sessionId: req.sessionId,
+      tenant: requestTenant(c),
       signal: abort.signal,
     });
     const id = `chatcmpl-${crypto.randomUUID().replaceAll("-", "")}`;

@@ -5,6 +5,7 @@ import { admit, type ServerContext } from "./context.ts";
 import { ApiError } from "./errors.ts";
 import { collect, type RunResult, startChoices, streamRuns, usageOf } from "./generation.ts";
 import { readJson } from "./fields.ts";
+import { requestTenant } from "./tenants.ts";
 import { parseCompletion, samplingFor } from "./validate.ts";
 
 /** Completion-style logprobs of some tokens (`text_offset` counts UTF-16 units of the text). */
@@ -47,6 +48,7 @@ export function completionsRoutes(ctx: ServerContext): Hono {
     const topLogprobs = req.logprobs ?? 0;
     const runs = startChoices(ctx, req.prompts, req.n, (j) => samplingFor(req, topLogprobs, j), {
       sessionId: req.sessionId,
+      tenant: requestTenant(c),
       signal: abort.signal,
     });
     const head = {

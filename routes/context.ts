@@ -7,10 +7,25 @@ import type { ServerMetrics } from "./metrics.ts";
 export interface ServerOptions {
   /** When set, `/v1/*` requires `Authorization: Bearer <apiKey>` (WebSocket: or `?api_key=`). */
   apiKey?: string;
-  /** Origins allowed by CORS (`["*"]` for any); CORS is off when absent or empty. */
+  /**
+   * Keys, one per tenant (with `apiKey`, if set): `/v1/*` requires one of them, and each
+   * tenant's sessions and prefix cache are its own (routes/tenants.ts).
+   */
+  apiKeys?: string[];
+  /**
+   * Host names (`Host` header, port ignored) the server answers to, others get 421; `["*"]` or
+   * absent: any. `main.ts serve` defaults to the loopback names when it listens on loopback.
+   */
+  allowedHosts?: string[];
+  /**
+   * Origins allowed by CORS (`["*"]` for any); CORS is off when absent or empty. A WebSocket
+   * from a browser page must come from one of them, or from the server's own origin.
+   */
   corsOrigins?: string[];
   /** Largest request body in bytes (and largest WebSocket message); default 1 MiB. */
   maxBodyBytes?: number;
+  /** A request body must arrive within this after the request head (ms; default 30 000). */
+  bodyTimeoutMs?: number;
   /** Sequences allowed to wait for admission before new requests get 429; default: engine's. */
   maxQueued?: number;
   /** `Retry-After` seconds sent with 429; default 1. */
@@ -26,6 +41,8 @@ export interface ServerContext {
   engine: EngineLike;
   metrics: ServerMetrics;
   maxBodyBytes: number;
+  bodyTimeoutMs: number;
+  corsOrigins: string[];
   maxQueued: number;
   retryAfterSeconds: number;
   shutdown?: AbortSignal;

@@ -96,7 +96,8 @@ export function boolField(body: Body, name: string, fallback: boolean): boolean 
   return v;
 }
 
-const SESSION_ID = /^[A-Za-z0-9_.:-]{1,128}$/;
+/** What a session id may be: no `/`, so no client id can name another tenant's (routes/tenants.ts). */
+export const SESSION_ID = /^[A-Za-z0-9_.:-]{1,128}$/;
 
 /** `session_id` from the body, else the `X-Session-Id` header value; undefined when neither. */
 export function sessionField(body: Body, header: string | undefined): string | undefined {

@@ -11,7 +11,8 @@ import type {
   TokenEvent,
 } from "../api/types.ts";
 import type { ServerContext } from "./context.ts";
-import { toApiError } from "./errors.ts";
+import { ApiError, toApiError } from "./errors.ts";
+import { engineSessionId } from "./tenants.ts";
 
 /** Server-side timings of one generation. */
 export interface Timings {
@@ -83,6 +84,51 @@ function round(x: number): number {
   return Math.round(x * 100) / 100;
 }
 
+/** Who asks, for which session (options of {@linkcode startChoices}, {@linkcode engineRequest}). */
+export interface RequestScope {
+  /** The client's session id (see routes/tenants.ts for the engine's). */
+  sessionId?: string;
+  /** The API key's tenant; undefined on a server without keys. */
+  tenant?: string;
+}
+
+/**
+ * The engine request of a client's prompt: the session id in the tenant's namespace, and the
+ * tenant, which scopes the prefix cache.
+ */
+export function engineRequest(
+  promptIds: number[],
+  sampling: SamplingOptions,
+  scope: RequestScope,
+): GenerateRequest {
+  const { sessionId, tenant } = scope;
+  return {
+    promptIds,
+    sampling,
+    ...(sessionId === undefined ? {} : { sessionId: engineSessionId(tenant, sessionId) }),
+    ...(tenant === undefined ? {} : { tenant }),
+  };
+}
+
+/**
+ * Starts `request` and returns its run; an engine refusal that names the session is re-thrown
+ * with the client's session id (the engine knows the tenant's).
+ */
+export function startScoped(ctx: ServerContext, request: GenerateRequest, scope: RequestScope) {
+  try {
+    return startRun(ctx, request);
+  } catch (e) {
+    if ((e as { code?: unknown })?.code === "session_busy" && scope.sessionId !== undefined) {
+      throw new ApiError(
+        409,
+        `session "${scope.sessionId}" is already generating; wait for it to finish or cancel it`,
+        { param: "session_id", code: "session_busy" },
+      );
+    }
+    throw e;
+  }
+}
+
 /**
  * Starts `n` choices for each prompt (choice index = promptIndex * n + j); all are cancelled
  * when `signal` aborts. If the engine refuses one, those already started are cancelled and the
@@ -93,14 +139,17 @@ export function startChoices(
   prompts: number[][],
   n: number,
   sampling: (j: number) => SamplingOptions,
-  options: { sessionId?: string; signal: AbortSignal },
+  options: RequestScope & { signal: AbortSignal },
 ): Run[] {
   const runs: Run[] = [];
   try {
     for (const promptIds of prompts) {
       for (let j = 0; j < n; j++) {
-        const request = { promptIds, sampling: sampling(j), ...options };
-        runs.push(startRun(ctx, request));
+        const request = {
+          ...engineRequest(promptIds, sampling(j), options),
+          signal: options.signal,
+        };
+        runs.push(startScoped(ctx, request, options));
       }
     }
   } catch (e) {

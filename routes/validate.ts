@@ -174,11 +174,14 @@ export function fitContext(
     );
   }
   if (promptTokens + maxTokens <= ctx) return maxTokens;
+  // Name a value that helps: a max_tokens that fits, or, when none does, a prompt length.
+  const fix = promptTokens < ctx
+    ? `lower max_tokens to ${ctx - promptTokens} or less, or shorten the ${param}`
+    : `the ${param} alone is too long: shorten it to ${ctx - 1} tokens or fewer`;
   throw new ApiError(
     400,
     `${what} is ${promptTokens} tokens and max_tokens is ${maxTokens}: ` +
-      `${promptTokens + maxTokens} tokens, over the model's context of ${ctx} tokens; ` +
-      `shorten the ${param} or lower max_tokens to ${Math.max(ctx - promptTokens, 0)} or less`,
+      `${promptTokens + maxTokens} tokens, over the model's context of ${ctx} tokens; ${fix}`,
     { param, code: "context_length_exceeded" },
   );
 }

@@ -13,8 +13,11 @@ import type { WSContext } from "hono/ws";
 import { admit, type ServerContext } from "./context.ts";
 import { chatLogprob } from "./chat.ts";
 import { ApiError, badRequest, toApiError } from "./errors.ts";
-import { type Run, startRun, usageOf } from "./generation.ts";
+import { engineRequest, type Run, startScoped, usageOf } from "./generation.ts";
 import { type Body, parseJsonObject } from "./fields.ts";
+import { wsGuard } from "./guard.ts";
+import type { ServeInfo } from "./listen.ts";
+import { requestTenant } from "./tenants.ts";
 import { parseChat, samplingFor } from "./validate.ts";
 
 /** Most conversations running at once on one socket. */
@@ -41,14 +44,22 @@ function conversationId(msg: Body): string {
   return id;
 }
 
-/** The `/v1/chat/ws` sub-app (426 for a plain GET). */
+/**
+ * The `/v1/chat/ws` sub-app (426 for a plain GET). The upgrade is checked first (routes/guard.ts:
+ * origin, handshake headers); the socket's conversations run as the tenant of the key it
+ * connected with, and an open socket holds its connection busy (routes/listen.ts).
+ */
 export function wsRoutes(ctx: ServerContext): Hono {
   const { engine } = ctx;
   return new Hono().get(
     "/",
-    upgradeWebSocket(() => {
+    wsGuard(ctx.corsOrigins),
+    upgradeWebSocket((c) => {
       const running = new Map<string, Run>();
+      const tenant = requestTenant(c);
+      const hold = (c.env as Partial<ServeInfo> | undefined)?.holdConnection;
       let open = false;
+      let release: (() => void) | undefined;
 
       async function start(ws: WSContext, id: string, msg: Body): Promise<void> {
         if (running.has(id)) {
@@ -69,11 +80,9 @@ export function wsRoutes(ctx: ServerContext): Hono {
         const req = parseChat(engine, msg);
         if (req.n !== 1) throw badRequest("n", "n must be 1 over the WebSocket; start more ids");
         admit(ctx);
-        const run = startRun(ctx, {
-          promptIds: req.promptIds,
-          sampling: samplingFor(req, req.logprobs ? req.topLogprobs : 0, 0),
-          sessionId: req.sessionId,
-        });
+        const scope = { sessionId: req.sessionId, tenant };
+        const sampling = samplingFor(req, req.logprobs ? req.topLogprobs : 0, 0);
+        const run = startScoped(ctx, engineRequest(req.promptIds, sampling, scope), scope);
         running.set(id, run);
         try {
           for await (const ev of run.events) {
@@ -134,12 +143,14 @@ export function wsRoutes(ctx: ServerContext): Hono {
       return {
         onOpen: () => {
           open = true;
+          release = hold?.();
           ctx.metrics.sockets.open++;
         },
         onMessage: (evt, ws) => onMessage(evt.data, ws),
         onClose: () => {
           if (open) ctx.metrics.sockets.open--;
           open = false;
+          release?.();
           for (const run of running.values()) run.cancel();
           running.clear();
         },

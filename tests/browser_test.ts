@@ -257,8 +257,12 @@ Deno.test({
           Number(cached) > 0 && Number(cached) < Number(prompt),
           `cached ${cached}/${prompt}`,
         );
-        const session = engine.session(String(last.session_id));
-        assert.ok(session && session.tokens >= Number(prompt), JSON.stringify(session));
+        // The page's session, as its tenant (the key's) sees it.
+        const r = await fetch(`${base}v1/sessions/${last.session_id}`, {
+          headers: { authorization: `Bearer ${KEY}` },
+        });
+        const session = await r.json();
+        assert.ok(r.ok && session.tokens >= Number(prompt), JSON.stringify(session));
         await Deno.mkdir(ARTIFACTS, { recursive: true });
         await page.screenshot({ path: `${ARTIFACTS}chat_page.png` });
         await page.setViewportSize({ width: 390, height: 780 });

@@ -16,7 +16,8 @@ globalThis.addEventListener("unload", () => Deno.removeSync(dir, { recursive: tr
 await makeTestModel(dir, {});
 const engine = await Engine.load(dir, { contextLength: CONTEXT, maxSlots: 4, maxQueued: 16 });
 const app = createApp(engine, { apiKey: KEY, maxBodyBytes: 8192 });
-const AUTH = { authorization: `Bearer ${KEY}`, "content-type": "application/json" };
+const JSON_TYPE = { "content-type": "application/json" };
+const AUTH = { authorization: `Bearer ${KEY}`, ...JSON_TYPE };
 const MODEL = engine.modelId;
 
 function post(path: string, body: unknown, headers: Record<string, string> = AUTH) {
@@ -275,7 +276,11 @@ Deno.test("sessions: body field or header; GET shows tokens; DELETE forgets", as
 
 Deno.test("admission: full queue is 429 with Retry-After; shutting down is 503", async () => {
   const full = createApp(engine, { maxQueued: 0, retryAfterSeconds: 3 });
-  const res = await full.request(C, { method: "POST", body: JSON.stringify({ prompt: "a" }) });
+  const res = await full.request(C, {
+    method: "POST",
+    headers: JSON_TYPE,
+    body: '{"prompt": "a"}',
+  });
   const message = await expectError(res, 429, null, "queue_full");
   assert.equal(res.headers.get("retry-after"), "3");
   assert.ok(message.includes("retry after 3 s"), message);
@@ -285,6 +290,7 @@ Deno.test("admission: full queue is 429 with Retry-After; shutting down is 503",
   shutdown.abort();
   const chat = await closing.request(CHAT, {
     method: "POST",
+    headers: JSON_TYPE,
     body: JSON.stringify({ messages: MSG }),
   });
   await expectError(chat, 503, null, "shutting_down");

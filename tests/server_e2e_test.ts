@@ -1,5 +1,5 @@
 /**
- * End to end: the real server (`Deno.serve` on a random port) with the real engine on a small
+ * End to end: the real server (routes/listen.ts on a random port) with the real engine on a small
  * random test model, in a worker thread as `main.ts serve` runs it (engine/worker/host.ts),
  * driven by the official `openai` client and Deno's WebSocket: completions and chat, streaming or
  * not, n > 1, logprobs, seeds, stop strings, typed client errors, the WebSocket protocol (stream,
@@ -10,6 +10,7 @@ import assert from "node:assert/strict";
 import OpenAI from "openai";
 import { WorkerEngine } from "../engine/worker/host.ts";
 import { createApp } from "../routes/app.ts";
+import { listen } from "../routes/listen.ts";
 import { makeTestModel } from "../scripts/make_test_model.ts";
 
 const KEY = "sk-e2e";
@@ -22,10 +23,12 @@ const engine = await WorkerEngine.load({ dir }, {
   maxQueued: 64,
 });
 const MODEL = engine.modelId;
-const server = Deno.serve(
-  { hostname: "127.0.0.1", port: 0, onListen() {} },
-  createApp(engine, { apiKey: KEY }).fetch,
-);
+// As `main.ts serve` serves it: through the listener, which pipes every connection (streams
+// and WebSockets included) to Deno.serve on a loopback port.
+const server = listen(createApp(engine, { apiKey: KEY }).fetch, {
+  hostname: "127.0.0.1",
+  port: 0,
+});
 const origin = `127.0.0.1:${server.addr.port}`;
 const client = new OpenAI({ apiKey: KEY, baseURL: `http://${origin}/v1`, maxRetries: 0 });
 const USER = [{ role: "user" as const, content: "Tell me a story about a fox." }];

@@ -23,10 +23,14 @@ const USAGE = `usage:
                    [--allowed-hosts HOSTS] [--max-body-bytes N] [--max-connections N]
                    [--header-timeout S] [--idle-timeout S] [--body-timeout S]
                    [--kv-dtype f32|f16] [--kv-blocks N] [--kv-cold DIR] [--kv-warm-mb N]
+                   [--kv-sync]
   main.ts generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
                    [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
                    [--stop STR] [--chat] [--json] [--kv-dtype f32|f16] [--context-length N]
 --kv PATH keeps sessions (tokens and KV blocks) in Deno KV at PATH across restarts.
+--kv-sync: a session's turn ends (its last SSE chunk, JSON response or WebSocket "done") only
+once its snapshot is committed to the store, so an answered turn survives a crash; without it the
+snapshot lands shortly after, and the response's session.persisted_at_ms is null.
 --kv-warm-mb N: packed KV blocks Deno KV keeps (default 512); past that, the least recently
 updated sessions' blocks move to files in --kv-cold DIR (default PATH.cold; for a remote KV URL,
 none unless given: its blocks then all stay in it).
@@ -43,7 +47,7 @@ Environment: STRATA_MODEL, HOST, PORT, STRATA_API_KEY, STRATA_API_KEYS (comma-se
 STRATA_KV, STRATA_CORS, STRATA_ALLOWED_HOSTS, STRATA_MAX_SLOTS, STRATA_MAX_QUEUED,
 STRATA_CONTEXT_LENGTH, STRATA_MAX_BODY_BYTES, STRATA_MAX_CONNECTIONS, STRATA_HEADER_TIMEOUT,
 STRATA_IDLE_TIMEOUT, STRATA_BODY_TIMEOUT, STRATA_KV_DTYPE, STRATA_KV_BLOCKS, STRATA_KV_COLD,
-STRATA_KV_WARM_MB`;
+STRATA_KV_WARM_MB, STRATA_KV_SYNC (1 or 0)`;
 
 function int(name: string, v: string | undefined, fallback: number): number {
   if (v === undefined) return fallback;
@@ -169,10 +173,19 @@ async function serve(args: string[]): Promise<void> {
       "kv-blocks": { type: "string" },
       "kv-cold": { type: "string" },
       "kv-warm-mb": { type: "string" },
+      "kv-sync": { type: "boolean" },
     },
   });
   const env = (k: string) => Deno.env.get(k) || undefined;
   const kvPath = v.kv ?? env("STRATA_KV");
+  const syncEnv = env("STRATA_KV_SYNC");
+  if (syncEnv !== undefined && !["0", "1", "true", "false"].includes(syncEnv)) {
+    throw new Error(`STRATA_KV_SYNC must be 1, 0, true or false; got '${syncEnv}'`);
+  }
+  const kvSync = v["kv-sync"] ?? (syncEnv === "1" || syncEnv === "true");
+  if (kvSync && !kvPath) {
+    throw new Error("--kv-sync needs --kv PATH (the session store it waits for)");
+  }
   const kvCold = v["kv-cold"] ?? env("STRATA_KV_COLD");
   const warmArg = v["kv-warm-mb"] ?? env("STRATA_KV_WARM_MB");
   const warmMb = int("kv-warm-mb", warmArg, 512);
@@ -226,6 +239,7 @@ async function serve(args: string[]): Promise<void> {
     kvPath,
     kvColdDir: kvCold,
     kvWarmBytes: warmMb * 2 ** 20,
+    kvSync,
     maxSlots: int("max-slots", v["max-slots"] ?? env("STRATA_MAX_SLOTS"), 16),
     maxQueued: int("max-queued", v["max-queued"] ?? env("STRATA_MAX_QUEUED"), 64),
     contextLength: v["context-length"] ?? env("STRATA_CONTEXT_LENGTH")

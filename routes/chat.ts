@@ -3,7 +3,7 @@ import { Hono } from "hono";
 import type { EngineLike, TokenEvent } from "../api/types.ts";
 import { admit, type ServerContext } from "./context.ts";
 import { ApiError } from "./errors.ts";
-import { collect, startChoices, streamRuns, usageOf } from "./generation.ts";
+import { collect, sessionOf, startChoices, streamRuns, usageOf } from "./generation.ts";
 import { readJson } from "./fields.ts";
 import { requestTenant } from "./tenants.ts";
 import { parseChat, samplingFor } from "./validate.ts";
@@ -74,6 +74,7 @@ export function chatRoutes(ctx: ServerContext): Hono {
           finish_reason: result.finishReason,
         })),
         usage: usageOf(prompts, done.map((d) => d.result)),
+        ...sessionOf(req.sessionId, done[0]?.result),
       });
     }
 
@@ -90,7 +91,7 @@ export function chatRoutes(ctx: ServerContext): Hono {
         const lp = req.logprobs ? { content: [chatLogprob(engine, ev)], refusal: null } : null;
         return chunk(k, { content: ev.text }, lp, null);
       },
-      finish: (k, r) => chunk(k, {}, null, r.finishReason),
+      finish: (k, r) => ({ ...chunk(k, {}, null, r.finishReason), ...sessionOf(req.sessionId, r) }),
       usage: (results) =>
         req.includeUsage
           ? { ...head("chat.completion.chunk"), choices: [], usage: usageOf(prompts, results) }

@@ -3,7 +3,14 @@ import { Hono } from "hono";
 import type { EngineLike, TokenEvent } from "../api/types.ts";
 import { admit, type ServerContext } from "./context.ts";
 import { ApiError } from "./errors.ts";
-import { collect, type RunResult, startChoices, streamRuns, usageOf } from "./generation.ts";
+import {
+  collect,
+  type RunResult,
+  sessionOf,
+  startChoices,
+  streamRuns,
+  usageOf,
+} from "./generation.ts";
 import { readJson } from "./fields.ts";
 import { requestTenant } from "./tenants.ts";
 import { parseCompletion, samplingFor } from "./validate.ts";
@@ -76,6 +83,7 @@ export function completionsRoutes(ctx: ServerContext): Hono {
           };
         }),
         usage: usageOf(req.prompts, done.map((d) => d.result)),
+        ...sessionOf(req.sessionId, done[0]?.result),
       });
     }
 
@@ -94,7 +102,10 @@ export function completionsRoutes(ctx: ServerContext): Hono {
         offsets[k] += ev.text.length;
         return chunk(k, ev.text, lp, null);
       },
-      finish: (k, r: RunResult) => chunk(k, "", null, r.finishReason),
+      finish: (k, r: RunResult) => ({
+        ...chunk(k, "", null, r.finishReason),
+        ...sessionOf(req.sessionId, r),
+      }),
       usage: (results) =>
         req.includeUsage ? { ...head, choices: [], usage: usageOf(req.prompts, results) } : null,
     });

@@ -216,6 +216,16 @@ export function usageOf(prompts: number[][], results: RunResult[]) {
   };
 }
 
+/**
+ * What a response says of the session its turn continued, when the request named one: its id
+ * and when the turn's snapshot was committed (with `--kv-sync` always, the response waits for
+ * it; otherwise null: it lands shortly after, see `GET /v1/sessions/:id`'s `persisted_at_ms`).
+ */
+export function sessionOf(sessionId: string | undefined, result: RunResult | undefined) {
+  if (sessionId === undefined) return {};
+  return { session: { id: sessionId, persisted_at_ms: result?.persistedAt ?? null } };
+}
+
 /** How an endpoint renders its SSE chunks; a null chunk is not sent. */
 export interface ChunkRenderer {
   /** Before the first token of choice k (chat: the role delta; completions: echo). */

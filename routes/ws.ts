@@ -13,7 +13,7 @@ import type { WSContext } from "hono/ws";
 import { admit, type ServerContext } from "./context.ts";
 import { chatLogprob } from "./chat.ts";
 import { ApiError, badRequest, toApiError } from "./errors.ts";
-import { engineRequest, type Run, startScoped, usageOf } from "./generation.ts";
+import { engineRequest, type Run, sessionOf, startScoped, usageOf } from "./generation.ts";
 import { type Body, parseJsonObject } from "./fields.ts";
 import { wsGuard } from "./guard.ts";
 import type { ServeInfo } from "./listen.ts";
@@ -97,6 +97,7 @@ export function wsRoutes(ctx: ServerContext): Hono {
             usage: usageOf([req.promptIds], [r]),
             timings: r.timings,
             seed: String(r.seed),
+            ...sessionOf(req.sessionId, r),
           });
         } finally {
           running.delete(id);

@@ -27,27 +27,41 @@ export const PACE_MIN_MS = 4;
  */
 export const PACE_MARGIN_MS = 3;
 
+/** A wait that returned sooner than this (ms) did not block: the GPU had already finished. */
+export const BLOCKED_MS = 0.5;
+/**
+ * Estimates not measured again for this long (ms) are dropped: the next wait on that work
+ * blocks and measures it afresh, so times learnt under a load that has gone do not linger.
+ */
+export const STALE_MS = 20_000;
+
+/** One estimate: ms per unit, and when a wait that blocked last measured it. */
+interface Estimate {
+  ms: number;
+  at: number;
+}
+
 /** GPU-time estimates, learnt from readbacks, and the sleep they allow. */
 export class Pacer {
-  readonly #ms = new Map<string, number>();
+  readonly #ms = new Map<string, Estimate>();
   /** When the last readback returned: everything submitted before had finished (ms). */
   #doneAt = 0;
 
   /** The estimate for one unit of `work` (ms), if measured. */
   estimate(work: string): number | undefined {
-    return this.#ms.get(work);
+    return this.#ms.get(work)?.ms;
   }
 
   /**
    * How long to sleep before waiting on `inflight` (ms; 0: wait now): until
-   * {@linkcode PACE_MARGIN_MS} before the GPU should finish it, when all of it has been
-   * measured and at least {@linkcode PACE_MIN_MS} is left. The GPU runs submissions in order,
-   * each from when it was submitted or the one before finished.
+   * {@linkcode PACE_MARGIN_MS} before the GPU should finish it, when all of it has a fresh
+   * estimate ({@linkcode STALE_MS}) and at least {@linkcode PACE_MIN_MS} is left. The GPU runs
+   * submissions in order, each from when it was submitted or the one before finished.
    */
   sleepMs(inflight: readonly Paced[], now = performance.now()): number {
     let end = this.#doneAt, prefill = 0;
     for (const sub of inflight) {
-      const per = this.#ms.get(sub.work) ?? this.#below(sub.work);
+      const per = this.#used(sub.work, now);
       if (per === undefined) return 0;
       const ms = sub.o.prefill ? per : per * sub.o.steps;
       if (sub.o.prefill) prefill += ms;
@@ -57,36 +71,51 @@ export class Pacer {
     return rest >= PACE_MIN_MS ? rest - PACE_MARGIN_MS : 0;
   }
 
+  /** The estimate sleeping uses for `work`: its own, or one borrowed from below; fresh only. */
+  #used(work: string, now: number): number | undefined {
+    const own = this.#ms.get(work);
+    if (own) return now - own.at <= STALE_MS ? own.ms : undefined;
+    return this.#below(work, now)?.ms;
+  }
+
   /**
-   * For work not measured yet, the estimate of the largest measured work of its kind below it
-   * (`decode 13` takes at least what `decode 12` took): the loop sleeps less than it could and
-   * blocks for the rest, instead of blocking for all of it. Bursts of requests change the batch
-   * width every round, and widths are learnt only from lone submissions.
+   * For work not measured yet, the fresh estimate of the largest measured work of its kind
+   * below it (`decode 13` takes at least what `decode 12` took): the loop sleeps less than it
+   * could and blocks for the rest, instead of blocking for all of it. Bursts of requests change
+   * the batch width every round, and widths are learnt only from lone submissions.
    */
-  #below(work: string): number | undefined {
+  #below(work: string, now: number): Estimate | undefined {
     const [kind, n] = work.split(" ");
-    let best: number | undefined, size = -1;
-    for (const [w, ms] of this.#ms) {
+    let best: Estimate | undefined, size = -1;
+    for (const [w, e] of this.#ms) {
       const [k, m] = w.split(" ");
-      if (k === kind && Number(m) < Number(n) && Number(m) > size) [best, size] = [ms, Number(m)];
+      if (k !== kind || now - e.at > STALE_MS) continue;
+      if (Number(m) < Number(n) && Number(m) > size) [best, size] = [e, Number(m)];
     }
     return best;
   }
 
   /**
    * Learns from a readback of `batch` requested at `t0` that returned at `t1`. When it waited,
-   * the GPU finished at `t1`, so a lone submission gives its time (per step for decode); when it
-   * did not, the loop slept too long, and that estimate shrinks by a tenth.
+   * the GPU finished at `t1`, so a lone submission gives its time (per step for decode), averaged
+   * with what was known. When it did not, the loop slept too long: every estimate the sleep used
+   * (a borrowed one becoming the work's own) is halved, so an estimate learnt under load comes
+   * down within a few readbacks instead of lingering.
    */
   learn(batch: readonly Paced[], t0: number, t1: number): void {
-    const sub = batch[0];
-    const units = sub?.o.prefill ? 1 : sub?.o.steps ?? 0;
-    if (batch.length === 1 && units > 0) {
-      const old = this.#ms.get(sub.work);
-      if (t1 - t0 > 0.5) {
+    if (t1 - t0 <= BLOCKED_MS) {
+      for (const sub of new Set(batch.map((b) => b.work))) {
+        const own = this.#ms.get(sub) ?? this.#below(sub, t1);
+        if (own) this.#ms.set(sub, { ms: own.ms / 2, at: own.at });
+      }
+    } else {
+      const sub = batch[0];
+      const units = sub?.o.prefill ? 1 : sub?.o.steps ?? 0;
+      if (batch.length === 1 && units > 0) {
+        const old = this.#ms.get(sub.work);
         const per = (t1 - Math.max(sub.submittedAt, this.#doneAt)) / units;
-        this.#ms.set(sub.work, old === undefined ? per : (old + per) / 2);
-      } else if (old !== undefined) this.#ms.set(sub.work, old * 0.9);
+        this.#ms.set(sub.work, { ms: old === undefined ? per : (old.ms + per) / 2, at: t1 });
+      }
     }
     this.#doneAt = t1;
   }

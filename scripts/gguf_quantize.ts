@@ -79,7 +79,9 @@ const QUANT = {
     const scales = new Float64Array(8), mins = new Float64Array(8);
     for (let j = 0; j < 8; j++) {
       const sub = x.subarray(32 * j, 32 * j + 32);
-      const av = Math.sqrt(sub.reduce((s, v) => s + v * v, 0) / 32);
+      let sumX2 = 0;
+      for (const v of sub) sumX2 += v * v;
+      const av = Math.sqrt(sumX2 / 32);
       const weights = sub.map((v) => av + Math.abs(v));
       [scales[j], mins[j]] = scaleMinSearch(sub, weights, 15, { rmin: -1, rdelta: 0.1, steps: 20 });
     }
@@ -164,22 +166,32 @@ function scaleMinSearch(
   nmax: number,
   o: { rmin: number; rdelta: number; steps: number },
 ): [number, number] {
-  let min = Math.min(0, ...x);
-  const max = Math.max(...x);
+  const n = x.length;
+  let min = 0, max = -Infinity, sumW = 0, sumX = 0;
+  for (let i = 0; i < n; i++) {
+    min = Math.min(min, x[i]);
+    max = Math.max(max, x[i]);
+    sumW += w[i];
+    sumX += w[i] * x[i];
+  }
   if (max === min) return [0, -min];
-  const sumW = w.reduce((s, v) => s + v, 0);
-  const sumX = x.reduce((s, v, i) => s + w[i] * v, 0);
-  const err = (scale: number, m: number, L: Uint8Array) =>
-    x.reduce((s, v, i) => s + w[i] * (scale * L[i] + m - v) ** 2, 0);
-  const levels = (iscale: number, m: number) =>
-    Uint8Array.from(x, (v) => clamp(Math.round(iscale * (v - m)), 0, nmax));
+  const L = new Uint8Array(n);
+  /** Levels of x for 1/step `iscale` from `m`, into L. */
+  const levels = (iscale: number, m: number) => {
+    for (let i = 0; i < n; i++) L[i] = clamp(Math.round(iscale * (x[i] - m)), 0, nmax);
+  };
+  const err = (scale: number, m: number) => {
+    let e = 0;
+    for (let i = 0; i < n; i++) e += w[i] * (scale * L[i] + m - x[i]) ** 2;
+    return e;
+  };
   let scale = (max - min) / nmax;
-  let best = err(scale, min, levels(1 / scale, min));
+  levels(1 / scale, min);
+  let best = err(scale, min);
   for (let is = 0; is <= o.steps; is++) {
-    const iscale = (o.rmin + o.rdelta * is + nmax) / (max - min);
-    const L = levels(iscale, min);
+    levels((o.rmin + o.rdelta * is + nmax) / (max - min), min);
     let sl = 0, sl2 = 0, sxl = 0;
-    for (let i = 0; i < x.length; i++) {
+    for (let i = 0; i < n; i++) {
       sl += w[i] * L[i];
       sl2 += w[i] * L[i] * L[i];
       sxl += w[i] * L[i] * x[i];
@@ -188,7 +200,7 @@ function scaleMinSearch(
     if (D <= 0) continue;
     let s = (sumW * sxl - sumX * sl) / D, m = (sl2 * sumX - sl * sxl) / D;
     if (m > 0) [m, s] = [0, sxl / sl2];
-    const e = err(s, m, L);
+    const e = err(s, m);
     if (e < best) [best, scale, min] = [e, s, m];
   }
   return [scale, -min];

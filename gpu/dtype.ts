@@ -13,6 +13,39 @@ export const WDTYPE: Record<DType, number> = { f32: 0, f16: 1, bf16: 2 };
 export const BYTES: Record<DType, number> = { f32: 4, f16: 2, bf16: 2 };
 
 /**
+ * Block-quantized weight types, as llama.cpp's GGUF files store them (ggml's block layouts;
+ * engine/model/gguf_quant.ts decodes them, docs/gguf.md draws them). The GPU reads none of them
+ * yet: they are here, at the lowest layer, so the quantized matmul's wrapper can name them.
+ */
+export type QuantType = "q8_0" | "q4_0" | "q4_k" | "q6_k";
+
+/** How a tensor is stored: a float dtype (one element at a time) or a block-quantized type. */
+export type StorageType = DType | QuantType;
+
+/** One block of a quantized type: `elements` consecutive values of a row in `bytes` bytes. */
+export interface QuantBlock {
+  elements: number;
+  bytes: number;
+}
+
+/**
+ * Block sizes (ggml's `QK*` and `sizeof(block_*)`): q8_0 = f16 scale + 32 int8; q4_0 = f16
+ * scale + 16 bytes of nibbles; q4_k = f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128
+ * bytes of nibbles; q6_k = 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 int8 scales, f16 d.
+ */
+export const QUANT_BLOCKS: Record<QuantType, QuantBlock> = {
+  q8_0: { elements: 32, bytes: 34 },
+  q4_0: { elements: 32, bytes: 18 },
+  q4_k: { elements: 256, bytes: 144 },
+  q6_k: { elements: 256, bytes: 210 },
+};
+
+/** Whether `t` is block-quantized (not one of f32, f16, bf16). */
+export function isQuantized(t: StorageType): t is QuantType {
+  return t in QUANT_BLOCKS;
+}
+
+/**
  * Element types of the KV cache: f32 (exact, the default), or f16 (half the bytes, so twice the
  * tokens per GiB and half the attention reads; K and V are rounded to f16 when written).
  */

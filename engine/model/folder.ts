@@ -1,9 +1,12 @@
 /**
- * A Hugging Face model folder on disk: config, weights (headers only; bytes are read per tensor
- * later), generation config and tokenizer files, validated against each other.
+ * A model on disk: a Hugging Face folder (config, weights as headers only — bytes are read per
+ * tensor later —, generation config and tokenizer files) or a GGUF file (engine/model/gguf.ts),
+ * validated against each other and given in one shape.
  */
-import { basename, join, resolve } from "node:path";
+import { basename, extname, join, resolve } from "node:path";
 import { type ModelConfig, parseConfig, tokenIds } from "./config.ts";
+import { readGgufModel } from "./gguf.ts";
+import { ggufName } from "./gguf_names.ts";
 import { readSafetensorsIndex, type TensorInfo } from "./safetensors.ts";
 
 /** generation_config.json as loaded, plus the merged EOS ids and the BOS id. */
@@ -14,18 +17,24 @@ export interface GenerationConfig {
   [key: string]: unknown;
 }
 
-/** Everything in a model folder, parsed and checked; weights are not read yet. */
+/** Everything in a model folder or GGUF file, parsed and checked; weights are not read yet. */
 export interface ModelFolder {
-  /** Absolute path. */
+  /** Absolute path: the folder, or the .gguf file when one was named. */
   dir: string;
-  /** The folder's basename, used as the model id. */
+  /** The folder's basename (a named .gguf file: its name without .gguf), used as the model id. */
   id: string;
-  /** Parsed config.json; `eosIds` already merged with generation_config.json. */
+  /**
+   * Parsed config.json, `eosIds` already merged with generation_config.json; for GGUF, the same
+   * fields from the file's metadata.
+   */
   config: ModelConfig;
-  /** Every tensor of the weight files by Hugging Face name. */
+  /**
+   * Every tensor of the weight files by Hugging Face name, with Hugging Face shapes; a GGUF's
+   * may be block-quantized (`TensorInfo.dtype`).
+   */
   tensors: Map<string, TensorInfo>;
   generation: GenerationConfig;
-  /** Parsed tokenizer.json. */
+  /** Parsed tokenizer.json (for GGUF: rebuilt from the file's tokenizer). */
   tokenizerJson: Record<string, unknown>;
   /** Parsed tokenizer_config.json (`{}` when absent); `chat_template.jinja` folded in. */
   tokenizerConfig: Record<string, unknown>;
@@ -118,10 +127,11 @@ export function expectedTensors(cfg: ModelConfig): Map<string, number[]> {
 }
 
 /**
- * Loads and validates a model folder.
+ * Loads and validates a model folder or GGUF file.
  *
  * @param dir folder with config.json, model.safetensors (or a sharded index), tokenizer.json and
- *   optionally generation_config.json, tokenizer_config.json, chat_template.jinja
+ *   optionally generation_config.json, tokenizer_config.json, chat_template.jinja; or a `.gguf`
+ *   file; or a folder holding one `.gguf` file and no config.json
  * @returns the parsed folder (tensor headers only)
  * @throws naming the missing file, the unsupported setting, or the tensor with the wrong shape
  * @example
@@ -133,10 +143,28 @@ export function expectedTensors(cfg: ModelConfig): Map<string, number[]> {
 export async function loadModelFolder(dir: string): Promise<ModelFolder> {
   dir = resolve(dir);
   const info = await Deno.stat(dir).catch(() => null);
+  if (info?.isFile && extname(dir) === ".gguf") {
+    return await loadGguf(dir, dir, basename(dir, ".gguf"));
+  }
   if (!info?.isDirectory) {
-    throw new Error(`model folder ${dir} does not exist; pass a folder with config.json`);
+    throw new Error(
+      `model folder ${dir} does not exist; pass a folder with config.json, or a .gguf file`,
+    );
   }
   const configPath = join(dir, "config.json");
+  if (!(await Deno.stat(configPath).catch(() => null))) {
+    const ggufs = [];
+    for await (const e of Deno.readDir(dir)) {
+      if (e.isFile && extname(e.name) === ".gguf") ggufs.push(e.name);
+    }
+    if (ggufs.length === 1) return await loadGguf(join(dir, ggufs[0]), dir, basename(dir));
+    if (ggufs.length > 1) {
+      throw new Error(
+        `model folder ${dir} holds ${ggufs.length} .gguf files (${ggufs.sort().join(", ")}) ` +
+          `and no config.json; pass the path of the one to load`,
+      );
+    }
+  }
   const configJson = await readJson(configPath, true);
   const config = parseConfig(configJson!, configPath);
   const genJson = (await readJson(join(dir, "generation_config.json"), false)) ?? {};
@@ -174,12 +202,44 @@ export async function loadModelFolder(dir: string): Promise<ModelFolder> {
   };
 }
 
+/** A GGUF file as a {@linkcode ModelFolder} at `dir` named `id`. */
+async function loadGguf(file: string, dir: string, id: string): Promise<ModelFolder> {
+  const m = await readGgufModel(file);
+  for (const name of expectedTensors(m.config).keys()) {
+    if (!m.tensors.has(name)) {
+      throw new Error(
+        `missing tensor '${ggufName(name)}' (${name}) in ${file}: a ${m.config.arch} model ` +
+          `with this metadata needs it`,
+      );
+    }
+  }
+  validateTensors(m.config, m.tensors, "its GGUF metadata");
+  let totalBytes = 0;
+  for (const t of m.tensors.values()) totalBytes += t.nbytes;
+  const { eosIds, bosId } = m.config;
+  return {
+    dir,
+    id,
+    config: m.config,
+    tensors: m.tensors,
+    generation: { eosIds, ...(bosId !== undefined ? { bosId } : {}) },
+    tokenizerJson: m.tokenizerJson,
+    tokenizerConfig: m.tokenizerConfig,
+    totalBytes,
+  };
+}
+
 /**
  * Checks that every tensor the config needs is present with the expected shape.
  *
+ * @param source what the config came from, for messages ("config.json")
  * @throws naming the first missing or misshapen tensor, its file and the config values involved
  */
-export function validateTensors(cfg: ModelConfig, tensors: Map<string, TensorInfo>): void {
+export function validateTensors(
+  cfg: ModelConfig,
+  tensors: Map<string, TensorInfo>,
+  source = "config.json",
+): void {
   for (const [name, shape] of expectedTensors(cfg)) {
     const t = tensors.get(name);
     if (!t) {
@@ -190,7 +250,7 @@ export function validateTensors(cfg: ModelConfig, tensors: Map<string, TensorInf
     }
     if (t.shape.length !== shape.length || t.shape.some((n, i) => n !== shape[i])) {
       throw new Error(
-        `tensor '${name}' in ${t.file} has shape [${t.shape}], but config.json implies ` +
+        `tensor '${name}' in ${t.file} has shape [${t.shape}], but ${source} implies ` +
           `[${shape}] (hidden ${cfg.hiddenSize}, heads ${cfg.nHeads}/${cfg.nKvHeads}, head_dim ` +
           `${cfg.headDim}, ffn ${cfg.intermediateSize}, vocab ${cfg.vocabSize})`,
       );

@@ -1,11 +1,12 @@
 /**
  * The oracle: a float64 forward pass written straight from the Hugging Face Llama / Mistral /
  * Qwen2 modelling code, independent of every GPU path. Weights are decoded from their stored
- * dtype (what the GPU sees); all arithmetic is float64. No KV cache: each call recomputes the
+ * dtype (what the GPU sees), block-quantized GGUF weights dequantized exactly
+ * (engine/model/gguf_quant.ts); all arithmetic is float64. No KV cache: each call recomputes the
  * whole sequence, which keeps it obviously correct.
  */
 import { type ModelConfig, ropeInvFreq } from "./config.ts";
-import { decode } from "../../gpu/dtype.ts";
+import { dequantizeRef } from "./gguf_quant.ts";
 import {
   expectedTensors,
   layerTensorName,
@@ -13,7 +14,7 @@ import {
   type ModelFolder,
   TENSOR_NAMES,
 } from "./folder.ts";
-import { readTensor } from "./safetensors.ts";
+import { numel, readTensor } from "./safetensors.ts";
 
 /** One decoder layer's weights, float64, HF layout (linear `[out, in]` row-major). */
 export interface ReferenceLayer {
@@ -63,13 +64,15 @@ export class ReferenceModel {
     this.invFreq = ropeInvFreq(config);
   }
 
-  /** Reads and decodes every weight of a folder to float64 (one tensor at a time). */
+  /**
+   * Reads and decodes (or dequantizes) every weight of a folder to float64, one tensor at a time.
+   */
   static async load(folder: Pick<ModelFolder, "config" | "tensors">): Promise<ReferenceModel> {
     const cfg = folder.config;
     const cache = new Map<string, Float64Array>();
     for (const name of expectedTensors(cfg).keys()) {
       const info = folder.tensors.get(name)!;
-      cache.set(name, decode(await readTensor(info), info.dtype));
+      cache.set(name, dequantizeRef(await readTensor(info), info.dtype, numel(info.shape)));
     }
     const get = (name: string) => cache.get(name)!;
     const layers: ReferenceLayer[] = [];

@@ -1,30 +1,45 @@
 /**
  * safetensors: header parsing (single file or sharded index), reading one tensor's bytes at a
- * time, and writing (for the test-model maker).
+ * time (of any {@linkcode TensorInfo}: GGUF tensors are read the same way), and writing (for the
+ * test-model maker).
  *
  * Layout: u64 little-endian header length N, N bytes of JSON header
  * `{name: {dtype, shape, data_offsets: [begin, end]}, __metadata__?}`, then the data; offsets are
  * relative to the start of the data (byte 8 + N).
  */
 import { basename, dirname, join } from "node:path";
-import { BYTES, type DType } from "../../gpu/dtype.ts";
+import { BYTES, type DType, isQuantized, type StorageType } from "../../gpu/dtype.ts";
+import { permuteRows } from "./gguf_names.ts";
 
 /** Where one tensor lives on disk. */
 export interface TensorInfo {
+  /** Its Hugging Face name. */
   name: string;
-  dtype: DType;
+  /**
+   * How it is stored: f32, f16, bf16 (safetensors and GGUF), or a block-quantized type (GGUF
+   * only; rows of `shape[1]` values are whole blocks, engine/model/gguf_quant.ts).
+   */
+  dtype: StorageType;
+  /** Hugging Face's shape (linear weights `[out, in]`). */
   shape: number[];
-  /** The .safetensors file holding it. */
+  /** The .safetensors or .gguf file holding it. */
   file: string;
   /** Absolute byte offset of the tensor's first byte in `file`. */
   offset: number;
   nbytes: number;
+  /**
+   * Set for a llama GGUF's q and k projections: the rows are stored in llama.cpp's interleaved
+   * RoPE order over this many heads, and {@linkcode readTensor} returns them in Hugging Face's
+   * order (engine/model/gguf_names.ts `permuteRows`).
+   */
+  permutedHeads?: number;
 }
 
 /** A tensor to write with {@linkcode writeSafetensors}. */
 export interface TensorData {
   name: string;
-  dtype: DType;
+  /** f32, f16 or bf16 (safetensors holds no block-quantized type). */
+  dtype: StorageType;
   shape: number[];
   /** Raw little-endian bytes; may carry the ≤ 2 padding bytes that `encode()` adds. */
   data: Uint8Array;
@@ -156,7 +171,8 @@ export async function readTensor(info: TensorInfo): Promise<Uint8Array<ArrayBuff
 }
 
 /**
- * Reads one tensor's raw bytes into `target` (e.g. a mapped GPU staging buffer).
+ * Reads one tensor's raw bytes into `target` (e.g. a mapped GPU staging buffer), rows in Hugging
+ * Face's order (see {@linkcode TensorInfo.permutedHeads}).
  *
  * @param info where the tensor lives
  * @param target at least `info.nbytes` long; bytes past `nbytes` are left untouched
@@ -173,6 +189,10 @@ export async function readTensorInto(info: TensorInfo, target: Uint8Array): Prom
   try {
     await f.seek(info.offset, Deno.SeekMode.Start);
     await readFully(f, target.subarray(0, info.nbytes), info.file);
+    if (info.permutedHeads !== undefined) {
+      const rows = target.subarray(0, info.nbytes);
+      rows.set(permuteRows(rows, info.shape[0], { heads: info.permutedHeads, inverse: true }));
+    }
   } finally {
     f.close();
   }
@@ -202,6 +222,11 @@ export async function writeSafetensors(
   const chunks: Uint8Array[] = [];
   let at = 0;
   for (const t of tensors) {
+    if (isQuantized(t.dtype)) {
+      throw new Error(
+        `tensor '${t.name}' is ${t.dtype.toUpperCase()}: safetensors holds F32, F16 and BF16 only`,
+      );
+    }
     const nbytes = numel(t.shape) * BYTES[t.dtype];
     if (t.data.byteLength < nbytes || t.data.byteLength > nbytes + 3) {
       throw new Error(

@@ -6,9 +6,11 @@
  */
 import type { Gpu } from "../../gpu/device.ts";
 import { createStorage, writeBuffer } from "../../gpu/device.ts";
-import { BYTES, decode, type DType, encode } from "../../gpu/dtype.ts";
+import { BYTES, decode, type DType, encode, isQuantized } from "../../gpu/dtype.ts";
 import type { ModelConfig } from "./config.ts";
-import type { ModelFolder } from "./folder.ts";
+import { expectedTensors, type ModelFolder } from "./folder.ts";
+import { ggmlName } from "./gguf_format.ts";
+import { ggufName } from "./gguf_names.ts";
 import { readTensor, type TensorInfo } from "./safetensors.ts";
 import { interleaveGateUp, type WeightBuffer } from "../../kernels/weight.ts";
 import { Progress } from "./progress.ts";
@@ -44,18 +46,27 @@ export interface UploadOptions {
   invFreq: Float64Array;
 }
 
-/** Reads every tensor the model needs and writes it into GPU buffers. */
+/** A tensor the GPU takes as it is stored, or re-encoded: f32, f16 or bf16. */
+type FloatTensor = TensorInfo & { dtype: DType };
+
+/**
+ * Reads every tensor the model needs and writes it into GPU buffers.
+ *
+ * @throws before allocating anything when a weight is block-quantized (a GGUF's Q8_0, Q4_0,
+ *   Q4_K, Q6_K): the GPU has no quantized matmul yet
+ */
 export async function uploadWeights(
   gpu: Gpu,
   folder: ModelFolder,
   options: UploadOptions,
 ): Promise<ModelWeights> {
   const cfg = folder.config;
-  const get = (name: string): TensorInfo => {
+  const get = (name: string): FloatTensor => {
     const t = folder.tensors.get(name);
     if (!t) throw new Error(`tensor '${name}' is missing from ${folder.dir}`);
-    return t;
+    return floatTensor(t);
   };
+  for (const name of expectedTensors(cfg).keys()) get(name);
   const dtype = get("model.embed_tokens.weight").dtype;
   const progress = new Progress(options.label ?? `loading ${folder.id}`, folder.totalBytes);
   let bytes = 0;
@@ -101,7 +112,7 @@ export async function uploadWeights(
     }
     const size = 2 * rows * cols * BYTES[dtype];
     fitBinding(size, label);
-    const raw = async (t: TensorInfo) => {
+    const raw = async (t: FloatTensor) => {
       const data = await readTensor(t);
       progress.add(t.nbytes);
       return t.dtype === dtype ? data : encode(decode(data, t.dtype), dtype);
@@ -165,10 +176,21 @@ export async function uploadWeights(
   return { embed, layers, norm, lmHead, invFreq, dtype, bytes };
 }
 
+/** `t`, when the GPU can take it (not block-quantized). */
+function floatTensor(t: TensorInfo): FloatTensor {
+  if (!isQuantized(t.dtype)) return t as FloatTensor;
+  const type = ggmlName(t.dtype);
+  throw new Error(
+    `${type} weights need the quantized matmul, not built yet: tensor ${ggufName(t.name) ?? ""} ` +
+      `(${t.name}) in ${t.file} is ${type}; load an F16, BF16 or F32 GGUF or the Hugging Face ` +
+      `model for now`,
+  );
+}
+
 /** Splits the LM head into row chunks that fit one storage binding each. */
 async function lmHeadChunks(
   gpu: Gpu,
-  t: TensorInfo,
+  t: FloatTensor,
   dtype: DType,
   onBytes: (n: number) => void,
 ): Promise<WeightBuffer[]> {

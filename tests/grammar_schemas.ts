@@ -27,15 +27,20 @@ function parse(text: string): { value?: unknown; error?: string } {
   }
 }
 
-function schemaCase(name: string, schema: unknown, strict = false): Case {
+function schemaCase(
+  name: string,
+  schema: unknown,
+  strict = false,
+  more: (value: unknown) => string[] = () => [],
+): Case {
   return {
     name,
     spec: { type: "json_schema", schema, strict },
     check: (text) => {
       const { value, error } = parse(text);
-      return error
-        ? [error]
-        : validate(schema, value).map((e) => `${e} in ${JSON.stringify(text)}`);
+      if (error) return [error];
+      const problems = [...validate(schema, value), ...more(value)];
+      return problems.map((e) => `${e} in ${JSON.stringify(text)}`);
     },
   };
 }
@@ -49,7 +54,7 @@ function regexCase(pattern: string): Case {
   };
 }
 
-/** json_object: any object, at most 4 nested containers. */
+/** json_object: any object, at most 5 nested containers. */
 export const JSON_OBJECT: Case = {
   name: "json_object",
   spec: { type: "json_object" },
@@ -59,7 +64,7 @@ export const JSON_OBJECT: Case = {
     if (value === null || typeof value !== "object" || Array.isArray(value)) {
       return ["not an object"];
     }
-    return depth(value) <= 4 ? [] : [`nested ${depth(value)} deep`];
+    return depth(value) <= 5 ? [] : [`nested ${depth(value)} deep`];
   },
 };
 
@@ -152,25 +157,33 @@ export const CASES: Case[] = [
     required: ["date", "time", "date-time", "uuid", "email", "ipv4"],
     additionalProperties: false,
   }, true),
-  schemaCase("$defs and $ref, maps, free values", {
-    $defs: {
-      point: {
-        type: "object",
-        properties: { x: { type: "integer" }, y: { type: "integer" } },
-        required: ["x", "y"],
+  schemaCase(
+    "$defs and $ref, maps, free values",
+    {
+      $defs: {
+        point: {
+          type: "object",
+          properties: { x: { type: "integer" }, y: { type: "integer" } },
+          required: ["x", "y"],
+        },
+        label: { type: "string", enum: ["start", "end"] },
       },
-      label: { type: "string", enum: ["start", "end"] },
+      type: "object",
+      properties: {
+        from: { $ref: "#/$defs/point" },
+        to: { $ref: "#/$defs/point" },
+        tag: { $ref: "#/$defs/label" },
+        counts: { type: "object", additionalProperties: { type: "integer" } },
+        extra: {},
+      },
+      required: ["from", "to", "counts"],
     },
-    type: "object",
-    properties: {
-      from: { $ref: "#/$defs/point" },
-      to: { $ref: "#/$defs/point" },
-      tag: { $ref: "#/$defs/label" },
-      counts: { type: "object", additionalProperties: { type: "integer" } },
-      extra: {},
+    false,
+    (v) => {
+      const extra = (v as { extra?: unknown }).extra;
+      return depth(extra) <= 3 ? [] : [`extra nested ${depth(extra)} deep`];
     },
-    required: ["from", "to", "counts"],
-  }),
+  ),
   JSON_OBJECT,
   regexCase("[a-z]+@[a-z]+\\.(com|org)"),
   regexCase("\\d{3}-\\d{4}( x\\d{1,4})?"),

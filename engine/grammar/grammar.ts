@@ -14,7 +14,7 @@
 import { determinize, type Dfa } from "./dfa.ts";
 import { Nfa } from "./nfa.ts";
 import { regexGrammar } from "./regex.ts";
-import { ANY_DEPTH, jsonObjectFrag, schemaFrag } from "./schema.ts";
+import { jsonObjectFrag, schemaFrag } from "./schema.ts";
 import { buildTables, type GrammarTables } from "./tables.ts";
 import type { Vocabulary } from "./vocab.ts";
 
@@ -49,7 +49,7 @@ export function characterAutomaton(spec: GrammarSpec, options: GrammarOptions = 
     ? schemaFrag(spec.schema, { strict: spec.strict ?? false, path })
     : spec.type === "regex"
     ? regexGrammar(spec.pattern, path)
-    : jsonObjectFrag(ANY_DEPTH);
+    : jsonObjectFrag();
   const nfa = new Nfa(8 * (options.maxStates ?? 20_000), path);
   const start = nfa.state();
   const accept = frag(nfa, start);

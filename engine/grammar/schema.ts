@@ -42,8 +42,15 @@ export interface SchemaOptions {
   layout?: Layout;
 }
 
-/** Nested containers in an unconstrained value, json_object's included (docs/grammar.md). */
-export const ANY_DEPTH = 4;
+/**
+ * Nested containers in an unconstrained value inside a schema (`{}`, `true`, an object without
+ * properties, an array without items), its own included: each such value costs automaton states
+ * exponential in this (the DFA remembers which brackets are open).
+ */
+export const ANY_DEPTH = 3;
+
+/** Nested containers in json_object output, the outer object included (compiled once per model). */
+export const JSON_OBJECT_DEPTH = 5;
 
 /**
  * The automaton piece for values valid under `schema`.
@@ -55,8 +62,8 @@ export function schemaFrag(schema: unknown, options: SchemaOptions = {}): Frag {
   return new SchemaCompiler(schema, options).node(schema, options.path ?? "schema");
 }
 
-/** Any JSON object (json_object mode), at most `depth` nested containers. */
-export function jsonObjectFrag(depth = ANY_DEPTH, layout = DEFAULT_LAYOUT): Frag {
+/** Any JSON object (json_object mode), at most `depth` nested containers, itself included. */
+export function jsonObjectFrag(depth = JSON_OBJECT_DEPTH, layout = DEFAULT_LAYOUT): Frag {
   return anyObject(depth, layout);
 }
 

@@ -1,8 +1,9 @@
 /**
  * Constrained decoding end to end on the host: for every case of tests/grammar_schemas.ts, seeded
  * random walks through the token tables (read as the GPU reads them) with the default model's
- * tokenizer and with random tokenizers always end in a complete output within their token
- * budget, and every output decodes (with the real tokenizer) to text that parses and validates.
+ * tokenizer, a random one and scripts/test_tokenizer.ts's always end in a complete output within
+ * their token budget, and every output decodes (with the real tokenizer) to text that parses and
+ * validates.
  */
 import assert from "node:assert/strict";
 import { loadModelFolder } from "../engine/model/folder.ts";
@@ -11,12 +12,15 @@ import { compileGrammar } from "../engine/grammar/grammar.ts";
 import { tokenBytesImage, type Vocabulary, vocabularyOf } from "../engine/grammar/vocab.ts";
 import { DEAD } from "../engine/grammar/tables.ts";
 import { rng } from "../scripts/rng.ts";
+import { buildTokenizer } from "../scripts/test_tokenizer.ts";
 import { randomTokenizer, randomWalk, stateWord } from "./grammar_walk.ts";
 import { CASES } from "./grammar_schemas.ts";
 
 const folder = await loadModelFolder(new URL("../models/strata-default", import.meta.url).pathname);
 const defaultTok = TextTokenizer.load(folder);
 const random = randomTokenizer(51, 1500);
+const built = buildTokenizer({ merges: 300, bos: true, modelMaxLength: 512 });
+const learned = new TextTokenizer(built.tokenizerJson, built.tokenizerConfig);
 const TOKENIZERS: { name: string; tok: TextTokenizer; vocab: Vocabulary }[] = [
   {
     name: "strata-default",
@@ -27,6 +31,11 @@ const TOKENIZERS: { name: string; tok: TextTokenizer; vocab: Vocabulary }[] = [
     name: "random",
     tok: random.tokenizer,
     vocab: vocabularyOf(random.tokenizerJson, random.tokenizer, { size: random.modelVocab }),
+  },
+  {
+    name: "test_tokenizer (learned merges)",
+    tok: learned,
+    vocab: vocabularyOf(built.tokenizerJson, learned, { size: built.size + 61 }),
   },
 ];
 const strictUtf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });

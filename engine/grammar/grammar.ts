@@ -5,7 +5,9 @@
  *
  * @example
  * ```ts
- * const vocab = vocabularyOf(folder.tokenizerJson, TextTokenizer.load(folder));
+ * const vocab = vocabularyOf(folder.tokenizerJson, TextTokenizer.load(folder), {
+ *   size: folder.config.vocabSize,
+ * });
  * const cache = new GrammarCache();
  * const tables = cache.get(vocab, { type: "json_schema", schema, strict: true });
  * // upload tables.image; a slot starts in state 0 and needs max_tokens >= tables.minTokens

@@ -27,8 +27,11 @@ export interface Vocabulary {
 
 /** Options for {@linkcode vocabularyOf}. */
 export interface VocabularyOptions {
-  /** The model's vocab_size (logits width; default the tokenizer's size). */
-  size?: number;
+  /**
+   * The model's vocab_size: the logits width, which the masks must cover exactly (it may exceed
+   * the tokenizer's size; the extra ids are never allowed).
+   */
+  size: number;
 }
 
 type Json = Record<string, unknown>;
@@ -132,11 +135,16 @@ function pieceDecoder(decoder: Json | null | undefined): PieceDecoder {
 export function vocabularyOf(
   tokenizerJson: Json,
   tokenizer: Pick<TextTokenizer, "eosIds" | "isSpecial" | "vocabSize">,
-  options: VocabularyOptions = {},
+  options: VocabularyOptions,
 ): Vocabulary {
   const decode = pieceDecoder(tokenizerJson.decoder as Json | null);
   const pieces = piecesById(tokenizerJson);
-  const size = Math.max(options.size ?? tokenizer.vocabSize, tokenizer.vocabSize);
+  if (options.size < tokenizer.vocabSize) {
+    throw new Error(
+      `internal error: vocabulary size ${options.size} is below the tokenizer's ${tokenizer.vocabSize}`,
+    );
+  }
+  const size = options.size;
   const tokens: (Uint8Array | undefined)[] = [];
   for (let id = 0; id < size; id++) {
     const p = pieces.get(id);

@@ -90,7 +90,7 @@ function randomPattern(r: Rng, depth: number): string {
     if (k === 0) return "[a-c0-9]";
     if (k === 1) return "[^a\\n]";
     if (k === 2) return ["\\d", "\\w", "\\s", "\\D", "."][r.int(5)];
-    if (k === 3) return "[é-世]";
+    if (k === 3) return r.next() < 0.8 ? "[é-世]" : "[^]";
     if (k <= 5) return lit();
     if (k <= 7) return `(${randomPattern(r, depth - 1)})`;
     return `(?:${randomPattern(r, depth - 1)}|${randomPattern(r, depth - 1)})`;

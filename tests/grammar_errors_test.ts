@@ -91,6 +91,7 @@ Deno.test("recursive and non-local $refs are refused naming the $ref", () => {
     schema({ $ref: "#/$defs/missing" }),
     `${S}.$ref: $ref '#/$defs/missing' points at nothing`,
   );
+  refuses(schema({ $ref: "#/%E0%A4%A" }), `${S}.$ref: $ref '#/%E0%A4%A' points at nothing`);
   refuses(
     schema({ $defs: { a: { type: "string" } }, $ref: "#/$defs/a", minLength: 2 }),
     `${S}.minLength: 'minLength' beside '$ref' is not supported; move it into the referenced schema`,

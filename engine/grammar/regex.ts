@@ -279,6 +279,10 @@ class Parser {
   #bracket(): Ranges {
     const negate = this.#peek() === "^";
     if (negate) this.#i++;
+    if (negate && this.#peek() === "]") { // [^]: any character (ECMAScript)
+      this.#i++;
+      return ANY_CHAR;
+    }
     const out: Ranges = [];
     let first = true;
     for (;;) {

@@ -58,7 +58,12 @@ function typesOf(value: unknown): string[] {
 export function resolvePointer(root: unknown, ref: string): unknown {
   if (!ref.startsWith("#")) return undefined;
   let at: unknown = root;
-  const pointer = decodeURIComponent(ref.slice(1));
+  let pointer: string;
+  try {
+    pointer = decodeURIComponent(ref.slice(1));
+  } catch {
+    return undefined; // a malformed %-escape points at nothing
+  }
   if (pointer === "") return at;
   for (const raw of pointer.split("/").slice(1)) {
     const key = raw.replaceAll("~1", "/").replaceAll("~0", "~");

@@ -126,42 +126,41 @@ Deno.test("SentencePiece-style decoders: ▁ is a space, <0xHH> is one byte", ()
   );
 });
 
-Deno.test("byte trie: every token ends at the node its bytes spell; children sorted", () => {
+Deno.test("byte trie: pre-order, children in byte order, every token at the node it spells", () => {
   const t = randomTokenizer(7, 800);
   const vocab = vocabularyOf(t.tokenizerJson, t.tokenizer, { size: t.modelVocab });
   const trie = byteTrie(vocab);
   assert.equal(byteTrie(vocab), trie, "built once per vocabulary");
-  const spelled = new Map<number, number[]>();
-  for (let node = 0; node < trie.nodes; node++) {
-    for (let c = trie.childStart[node]; c + 1 < trie.childStart[node + 1]; c++) {
-      assert.ok(trie.childByte[c] < trie.childByte[c + 1], "children in byte order");
-    }
-    for (let k = trie.tokenStart[node]; k < trie.tokenStart[node + 1]; k++) {
-      spelled.set(trie.tokenIds[k], []);
+  const spell = (n: number): number[] => n === 0 ? [] : [...spell(trie.parent[n]), trie.byte[n]];
+  const seen = new Map<number, number[]>(); // token → the bytes of the node it ends at
+  const lastChild = new Map<number, number>();
+  for (let n = 1; n < trie.nodes; n++) {
+    const p = trie.parent[n];
+    assert.ok(p < n, "parents come first");
+    assert.ok(n < p + trie.size[p], "inside the parent's subtree");
+    const before = lastChild.get(p);
+    if (before !== undefined) {
+      assert.ok(trie.byte[before] < trie.byte[n], "children in byte order, no repeats");
+      assert.equal(n, before + trie.size[before], "siblings follow each other's subtrees");
+    } else assert.equal(n, p + 1, "the first child follows its parent");
+    lastChild.set(p, n);
+  }
+  for (let n = 0; n < trie.nodes; n++) {
+    for (let k = trie.tokenStart[n]; k < trie.tokenStart[n + 1]; k++) {
+      seen.set(trie.tokenIds[k], spell(n));
     }
   }
   let longest = 0;
   for (let id = 0; id < vocab.size; id++) {
     const b = tokenBytes(vocab, id);
     const excluded = b.length === 0 || vocab.eosIds.includes(id);
-    assert.equal(spelled.has(id), !excluded, `token ${id}`);
+    assert.equal(seen.has(id), !excluded, `token ${id}`);
     if (excluded) continue;
     longest = Math.max(longest, b.length);
-    let node = 0;
-    for (const byte of b) {
-      let next = -1;
-      for (let c = trie.childStart[node]; c < trie.childStart[node + 1]; c++) {
-        if (trie.childByte[c] === byte) next = trie.childNode[c];
-      }
-      assert.ok(next > 0, `token ${id}: byte ${byte} has a child`);
-      node = next;
-    }
-    const ends = Array.from(
-      trie.tokenIds.subarray(trie.tokenStart[node], trie.tokenStart[node + 1]),
-    );
-    assert.ok(ends.includes(id), `token ${id} ends at its node`);
+    assert.deepEqual(seen.get(id), [...b], `token ${id} ends at the node its bytes spell`);
   }
   assert.equal(trie.depth, longest);
+  assert.equal(trie.size[0], trie.nodes);
 });
 
 Deno.test("token bytes image: V, offsets, bytes four per word little-endian", () => {

@@ -171,48 +171,47 @@ interface Edge {
 
 /**
  * For every state reachable by tokens from the start: its token edges, grouped by target. One
- * trie walk per state; a branch stops where the automaton refuses a byte. Each target's tokens
- * collect in a dense bitmask (one per target, reused across states), cut into blocks at the end.
+ * forward scan of the trie per state (pre-order: a node's parent is already done), a refused
+ * byte skipping its whole subtree. Each target's tokens collect in a dense bitmask (one per
+ * target, reused across states), cut into blocks at the end.
  */
 function successors(dfa: Dfa, vocab: Vocabulary, store: BlockStore): (Edge[] | undefined)[] {
   const trie = byteTrie(vocab);
   const { trans, classOf, classes: C } = dfa;
-  const { childStart, childByte, childNode, tokenStart, tokenIds } = trie;
+  const { parent, byte, size, tokenStart, tokenIds, nodes } = trie;
   const W = Math.ceil(vocab.size / BLOCK_TOKENS) * BLOCK_WORDS;
   const out: (Edge[] | undefined)[] = new Array(dfa.states);
   const order = [0];
   out[0] = [];
-  // The stack holds, per level of the current path, the children not yet visited: ≤ 256 each.
-  const nodes = new Int32Array(256 * trie.depth + 1), states = new Int32Array(256 * trie.depth + 1);
+  const at = new Int32Array(nodes); // the automaton's state after each node's bytes
+  // each trie edge's byte class in this automaton, so the scan reads one array less per node
+  const edgeClass = new Uint8Array(nodes);
+  for (let n = 1; n < nodes; n++) edgeClass[n] = classOf[byte[n]];
   const masks: Uint32Array[] = []; // scratch bitmasks, one per target of the current state
   const slot = new Int32Array(dfa.states).fill(-1); // target → scratch index
   const targets: number[] = [];
-  // each trie edge's byte class in this automaton, so the walk reads one array less per step
-  const edgeClass = new Uint8Array(childByte.length);
-  for (let c = 0; c < childByte.length; c++) edgeClass[c] = classOf[childByte[c]];
   for (let i = 0; i < order.length; i++) {
-    let top = 0;
-    nodes[0] = 0, states[0] = order[i];
-    while (top >= 0) {
-      const node = nodes[top], row = states[top--] * C;
-      for (let c = childStart[node], end = childStart[node + 1]; c < end; c++) {
-        const q2 = trans[row + edgeClass[c]];
-        if (q2 < 0) continue;
-        const child = childNode[c];
-        const t1 = tokenStart[child + 1];
-        let t = tokenStart[child];
-        if (t < t1) {
-          let k = slot[q2];
-          if (k < 0) {
-            k = slot[q2] = targets.length;
-            targets.push(q2);
-            if (masks.length <= k) masks.push(new Uint32Array(W));
-          }
-          const m = masks[k];
-          for (; t < t1; t++) m[tokenIds[t] >> 5] |= 1 << (tokenIds[t] & 31);
-        }
-        if (childStart[child + 1] > childStart[child]) nodes[++top] = child, states[top] = q2;
+    at[0] = order[i];
+    for (let n = 1; n < nodes;) {
+      const q = trans[at[parent[n]] * C + edgeClass[n]];
+      if (q < 0) {
+        n += size[n];
+        continue;
       }
+      at[n] = q;
+      const t1 = tokenStart[n + 1];
+      let t = tokenStart[n];
+      if (t < t1) {
+        let k = slot[q];
+        if (k < 0) {
+          k = slot[q] = targets.length;
+          targets.push(q);
+          if (masks.length <= k) masks.push(new Uint32Array(W));
+        }
+        const m = masks[k];
+        for (; t < t1; t++) m[tokenIds[t] >> 5] |= 1 << (tokenIds[t] & 31);
+      }
+      n++;
     }
     const edges: Edge[] = [];
     targets.forEach((to, k) => {

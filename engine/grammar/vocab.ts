@@ -193,17 +193,23 @@ export function tokenBytes(vocab: Vocabulary, id: number): Uint8Array {
 }
 
 /**
- * A byte trie of the vocabulary's non-empty tokens, children stored contiguously: node i's
- * children are `childByte/childNode[childStart[i] .. childStart[i + 1])` in byte order; the
- * tokens whose bytes end at node i are `tokenIds[tokenStart[i] .. tokenStart[i + 1])` (several
- * ids may share bytes). Node 0 is the root; `depth` is the longest token.
+ * A byte trie of the vocabulary's non-empty tokens (EOS aside), nodes numbered in depth-first
+ * pre-order with children in byte order: node 0 is the root, node n's subtree is nodes
+ * `[n, n + size[n])`, and `parent[n] < n`, so one forward scan can follow every token from a
+ * state and skip a refused subtree whole. The tokens whose bytes end at node n are
+ * `tokenIds[tokenStart[n] .. tokenStart[n + 1])` (several ids may share bytes).
  */
 export interface ByteTrie {
   nodes: number;
+  /** The longest token, in bytes. */
   depth: number;
-  childStart: Uint32Array;
-  childByte: Uint8Array;
-  childNode: Uint32Array;
+  /** [nodes] the parent of each node (the root's is 0). */
+  parent: Uint32Array;
+  /** [nodes] the byte on the edge into each node (the root's is 0). */
+  byte: Uint8Array;
+  /** [nodes] nodes in each subtree, the node itself included. */
+  size: Uint32Array;
+  /** [nodes + 1] */
   tokenStart: Uint32Array;
   tokenIds: Uint32Array;
 }
@@ -219,8 +225,7 @@ export function byteTrie(vocab: Vocabulary): ByteTrie {
 
 /**
  * Built from the tokens in byte order: each token shares its longest common prefix with the one
- * before, so nodes are created in depth-first order along a stack of the current path, and each
- * node's children arrive in byte order.
+ * before, so new nodes are created in pre-order along a stack of the current path.
  */
 function buildTrie(vocab: Vocabulary): ByteTrie {
   const { offsets, data } = vocab;
@@ -229,28 +234,24 @@ function buildTrie(vocab: Vocabulary): ByteTrie {
   for (let id = 0; id < vocab.size; id++) {
     if (offsets[id + 1] > offsets[id] && !eos.has(id)) ids.push(id);
   }
-  const cmp = (a: number, b: number) => {
-    const la = offsets[a + 1] - offsets[a], lb = offsets[b + 1] - offsets[b];
-    for (let i = 0, n = Math.min(la, lb); i < n; i++) {
+  const length = (id: number) => offsets[id + 1] - offsets[id];
+  ids.sort((a, b) => {
+    for (let i = 0, n = Math.min(length(a), length(b)); i < n; i++) {
       const d = data[offsets[a] + i] - data[offsets[b] + i];
       if (d !== 0) return d;
     }
-    return la - lb || a - b;
-  };
-  ids.sort(cmp);
-  // per node: parent, byte; token ids in the order they end
-  const parent: number[] = [-1], byte: number[] = [0];
+    return length(a) - length(b) || a - b;
+  });
+  const parent: number[] = [0], byte: number[] = [0];
   const endNode = new Uint32Array(ids.length);
-  const path: number[] = [0]; // path[d] = node at depth d of the previous token
+  const path: number[] = [0]; // path[d] = the node at depth d of the previous token
   let prev = -1, depth = 0;
   ids.forEach((id, k) => {
-    const len = offsets[id + 1] - offsets[id];
+    const len = length(id);
     let common = 0;
     if (prev >= 0) {
-      const lp = offsets[prev + 1] - offsets[prev];
-      while (
-        common < Math.min(len, lp) && data[offsets[id] + common] === data[offsets[prev] + common]
-      ) common++;
+      const n = Math.min(len, length(prev));
+      while (common < n && data[offsets[id] + common] === data[offsets[prev] + common]) common++;
     }
     path.length = common + 1;
     for (let d = common; d < len; d++) {
@@ -262,22 +263,23 @@ function buildTrie(vocab: Vocabulary): ByteTrie {
     prev = id;
   });
   const n = parent.length;
-  // children grouped by parent (counting sort keeps their byte order)
-  const childStart = new Uint32Array(n + 1), tokenStart = new Uint32Array(n + 1);
-  for (let i = 1; i < n; i++) childStart[parent[i] + 1]++;
-  for (let i = 0; i < n; i++) childStart[i + 1] += childStart[i];
-  const fill = childStart.slice(0, n);
-  const childByte = new Uint8Array(n - 1), childNode = new Uint32Array(n - 1);
-  for (let i = 1; i < n; i++) {
-    const at = fill[parent[i]]++;
-    childByte[at] = byte[i], childNode[at] = i;
-  }
+  const size = new Uint32Array(n).fill(1);
+  for (let i = n - 1; i > 0; i--) size[parent[i]] += size[i];
+  const tokenStart = new Uint32Array(n + 1);
   for (const node of endNode) tokenStart[node + 1]++;
   for (let i = 0; i < n; i++) tokenStart[i + 1] += tokenStart[i];
-  const tfill = tokenStart.slice(0, n);
+  const fill = tokenStart.slice(0, n);
   const tokenIds = new Uint32Array(ids.length);
-  ids.forEach((id, k) => tokenIds[tfill[endNode[k]]++] = id);
-  return { nodes: n, depth, childStart, childByte, childNode, tokenStart, tokenIds };
+  ids.forEach((id, k) => tokenIds[fill[endNode[k]]++] = id);
+  return {
+    nodes: n,
+    depth,
+    parent: Uint32Array.from(parent),
+    byte: Uint8Array.from(byte),
+    size,
+    tokenStart,
+    tokenIds,
+  };
 }
 
 /**

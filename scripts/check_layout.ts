@@ -37,16 +37,18 @@ export const LAYERS: Layer[] = [
   { rank: 2, name: "gpu/", paths: ["gpu/"] },
   { rank: 3, name: "kernels/", paths: ["kernels/"] },
   { rank: 4, name: "engine/model/", paths: ["engine/model/"] },
-  { rank: 5, name: "engine/kv/", paths: ["engine/kv/"] },
-  { rank: 6, name: "engine/runner/", paths: ["engine/runner/"] },
-  { rank: 7, name: "engine/sessions/", paths: ["engine/sessions/"] },
-  { rank: 8, name: "engine/sched/", paths: ["engine/sched/"] },
-  { rank: 9, name: "engine/*.ts", paths: ["engine/"] },
-  { rank: 10, name: "engine/worker/", paths: ["engine/worker/"] },
+  // Constrained decoding's host half: grammars → token tables (needs the tokenizer; no GPU).
+  { rank: 5, name: "engine/grammar/", paths: ["engine/grammar/"] },
+  { rank: 6, name: "engine/kv/", paths: ["engine/kv/"] },
+  { rank: 7, name: "engine/runner/", paths: ["engine/runner/"] },
+  { rank: 8, name: "engine/sessions/", paths: ["engine/sessions/"] },
+  { rank: 9, name: "engine/sched/", paths: ["engine/sched/"] },
+  { rank: 10, name: "engine/*.ts", paths: ["engine/"] },
+  { rank: 11, name: "engine/worker/", paths: ["engine/worker/"] },
   // The HTTP edge sees the engine only through api/'s types (EngineLike), never engine code.
-  { rank: 11, name: "routes/", paths: ["routes/"], only: ["api/", "routes/"] },
-  { rank: 12, name: "main.ts, scripts/", paths: ["main.ts", "scripts/"] },
-  { rank: 13, name: "tests/", paths: ["tests/"] },
+  { rank: 12, name: "routes/", paths: ["routes/"], only: ["api/", "routes/"] },
+  { rank: 13, name: "main.ts, scripts/", paths: ["main.ts", "scripts/"] },
+  { rank: 14, name: "tests/", paths: ["tests/"] },
 ];
 
 /** Folders outside the rule: browser JS, served as files, never imported by the server. */
@@ -210,7 +212,7 @@ function importViolations(file: SourceFile): Violation[] {
  * @example
  * ```ts
  * checkLayout([{ path: "gpu/a.ts", text: 'import "../engine/kv/blocks.ts";' }]).map(formatViolation);
- * // ["gpu/a.ts:1: imports engine/kv/blocks.ts (layer 5, engine/kv/) from layer 2 (gpu/); …"]
+ * // ["gpu/a.ts:1: imports engine/kv/blocks.ts (layer 6, engine/kv/) from layer 2 (gpu/); …"]
  * ```
  */
 export function checkLayout(files: SourceFile[]): Violation[] {

@@ -39,7 +39,7 @@ Deno.test("an upward import fails, naming both layers and the line", () => {
       "gpu/device.ts": '// the device\n\nimport { Block } from "../engine/kv/blocks.ts";\n',
     }),
     [
-      "gpu/device.ts:3: imports engine/kv/blocks.ts (layer 5, engine/kv/) from layer 2 (gpu/); " +
+      "gpu/device.ts:3: imports engine/kv/blocks.ts (layer 6, engine/kv/) from layer 2 (gpu/); " +
       RULE,
     ],
   );
@@ -61,13 +61,13 @@ Deno.test("type-only imports, re-exports and multi-line imports count", () => {
       ].join("\n"),
     }),
     [
-      "engine/model/synthetic.ts:1: imports engine/engine.ts (layer 9, engine/*.ts) from layer 4 " +
+      "engine/model/synthetic.ts:1: imports engine/engine.ts (layer 10, engine/*.ts) from layer 4 " +
       `(engine/model/); ${RULE}`,
-      "engine/model/synthetic.ts:5: imports engine/sched/sequence.ts (layer 8, engine/sched/) " +
+      "engine/model/synthetic.ts:5: imports engine/sched/sequence.ts (layer 9, engine/sched/) " +
       `from layer 4 (engine/model/); ${RULE}`,
-      "engine/model/synthetic.ts:6: imports engine/kv/pool.ts (layer 5, engine/kv/) from layer 4 " +
+      "engine/model/synthetic.ts:6: imports engine/kv/pool.ts (layer 6, engine/kv/) from layer 4 " +
       `(engine/model/); ${RULE}`,
-      "engine/model/synthetic.ts:7: imports engine/runner/forward.ts (layer 6, engine/runner/) " +
+      "engine/model/synthetic.ts:7: imports engine/runner/forward.ts (layer 7, engine/runner/) " +
       `from layer 4 (engine/model/); ${RULE}`,
     ],
   );
@@ -93,10 +93,10 @@ Deno.test("routes/ importing the engine fails, even a type; so does a lower laye
         'import { BYTES } from "../gpu/dtype.ts";\n',
     }),
     [
-      `routes/chat.ts:1: imports engine/engine.ts (layer 9, engine/*.ts) from layer 11 (routes/); ${ROUTES_RULE}`,
-      "routes/chat.ts:2: imports engine/sched/sequence.ts (layer 8, engine/sched/) from layer 11 " +
+      `routes/chat.ts:1: imports engine/engine.ts (layer 10, engine/*.ts) from layer 12 (routes/); ${ROUTES_RULE}`,
+      "routes/chat.ts:2: imports engine/sched/sequence.ts (layer 9, engine/sched/) from layer 12 " +
       `(routes/); ${ROUTES_RULE}`,
-      `routes/chat.ts:3: imports gpu/dtype.ts (layer 2, gpu/) from layer 11 (routes/); ${ROUTES_RULE}`,
+      `routes/chat.ts:3: imports gpu/dtype.ts (layer 2, gpu/) from layer 12 (routes/); ${ROUTES_RULE}`,
     ],
   );
 });
@@ -109,7 +109,7 @@ Deno.test("scripts may not import tests; tests may import anything", () => {
         'import { Engine } from "../engine/engine.ts";\nimport { a } from "./other_test.ts";\n',
     }),
     [
-      "scripts/probe_store.ts:1: imports tests/util.ts (layer 13, tests/) from layer 12 " +
+      "scripts/probe_store.ts:1: imports tests/util.ts (layer 14, tests/) from layer 13 " +
       `(main.ts, scripts/); ${RULE}`,
     ],
   );
@@ -130,11 +130,11 @@ Deno.test("dynamic imports, new URL(…, import.meta.url) and import.meta.resolv
       ].join("\n"),
     }),
     [
-      "engine/sessions/store.ts:2: imports engine/worker/worker.ts (layer 10, engine/worker/) " +
-      `from layer 7 (engine/sessions/); ${RULE}`,
-      "engine/sessions/store.ts:3: imports engine/sched/loop.ts (layer 8, engine/sched/) from " +
-      `layer 7 (engine/sessions/); ${RULE}`,
-      "engine/sessions/store.ts:5: imports engine/engine.ts (layer 9, engine/*.ts) from layer 7 " +
+      "engine/sessions/store.ts:2: imports engine/worker/worker.ts (layer 11, engine/worker/) " +
+      `from layer 8 (engine/sessions/); ${RULE}`,
+      "engine/sessions/store.ts:3: imports engine/sched/loop.ts (layer 9, engine/sched/) from " +
+      `layer 8 (engine/sessions/); ${RULE}`,
+      "engine/sessions/store.ts:5: imports engine/engine.ts (layer 10, engine/*.ts) from layer 8 " +
       `(engine/sessions/); ${RULE}`,
     ],
   );
@@ -156,7 +156,7 @@ Deno.test("imports inside comments, strings, templates and regular expressions a
     'import { a } from "../engine/engine.ts"; // the real one, after all of the above',
   ].join("\n");
   assert.deepEqual(check({ "gpu/device.ts": text }), [
-    `gpu/device.ts:12: imports engine/engine.ts (layer 9, engine/*.ts) from layer 2 (gpu/); ${RULE}`,
+    `gpu/device.ts:12: imports engine/engine.ts (layer 10, engine/*.ts) from layer 2 (gpu/); ${RULE}`,
   ]);
 });
 
@@ -299,7 +299,7 @@ Deno.test("the command line exits 1 on violations and 0 with a summary otherwise
     assert.equal(failed.code, 1, failed.stderr);
     assert.equal(
       failed.stdout,
-      `gpu/device.ts:1: imports engine/engine.ts (layer 9, engine/*.ts) from layer 2 (gpu/); ${RULE}\n`,
+      `gpu/device.ts:1: imports engine/engine.ts (layer 10, engine/*.ts) from layer 2 (gpu/); ${RULE}\n`,
     );
     assert.match(failed.stderr, /check_layout: 1 violation in 1 file \(see --help\)/);
     const passed = await runCli(["--root", good]);
@@ -310,7 +310,7 @@ Deno.test("the command line exits 1 on violations and 0 with a summary otherwise
     );
     const help = await runCli(["--help"]);
     assert.equal(help.code, 0);
-    assert.match(help.stdout, /11\. routes\/ \(only api\/, routes\/\)/);
+    assert.match(help.stdout, /12\. routes\/ \(only api\/, routes\/\)/);
   } finally {
     await Deno.remove(bad, { recursive: true });
     await Deno.remove(good, { recursive: true });

@@ -142,7 +142,7 @@ export function expectedTensors(cfg: ModelConfig): Map<string, number[]> {
  */
 export async function loadModelFolder(dir: string): Promise<ModelFolder> {
   dir = resolve(dir);
-  const info = await Deno.stat(dir).catch(() => null);
+  const info = await statOrNull(dir);
   if (info?.isFile && extname(dir) === ".gguf") {
     return await loadGguf(dir, dir, basename(dir, ".gguf"));
   }
@@ -152,7 +152,7 @@ export async function loadModelFolder(dir: string): Promise<ModelFolder> {
     );
   }
   const configPath = join(dir, "config.json");
-  if (!(await Deno.stat(configPath).catch(() => null))) {
+  if (!(await statOrNull(configPath))) {
     const ggufs = [];
     for await (const e of Deno.readDir(dir)) {
       if (e.isFile && extname(e.name) === ".gguf") ggufs.push(e.name);
@@ -227,6 +227,19 @@ async function loadGguf(file: string, dir: string, id: string): Promise<ModelFol
     tokenizerConfig: m.tokenizerConfig,
     totalBytes,
   };
+}
+
+/**
+ * `path`'s stat, or null when it does not exist; other failures (a missing read permission)
+ * throw as they are, so they are not reported as a missing file.
+ */
+async function statOrNull(path: string): Promise<Deno.FileInfo | null> {
+  try {
+    return await Deno.stat(path);
+  } catch (e) {
+    if (e instanceof Deno.errors.NotFound) return null;
+    throw e;
+  }
 }
 
 /**

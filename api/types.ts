@@ -104,11 +104,27 @@ export interface EngineLike {
   adapterName: string;
   /** Maximum prompt + generated tokens per sequence. */
   contextLength: number;
-  /** Encodes text (adds BOS when the model's tokenizer config says so). */
+  /**
+   * Encodes text at once, on the calling thread (adds BOS when the model's tokenizer config
+   * says so): for short texts; request prompts go through {@linkcode tokenize}.
+   */
   encode(text: string): number[];
-  /** Renders messages through the chat template and encodes them. */
+  /** Renders messages through the chat template and encodes them, at once (short chats). */
   encodeChat(messages: { role: string; content: string }[]): number[];
+  /** Text of `ids`, at once (a token's text, short lists). */
   decode(ids: number[]): string;
+  /**
+   * Encodes text like {@linkcode encode}, without stalling the caller's thread: a long text is
+   * tokenized elsewhere (the server's worker engine uses tokenizer workers), so a megabyte of
+   * prompt never holds up other clients.
+   */
+  tokenize(text: string): Promise<number[]>;
+  /** {@linkcode encodeChat} without stalling the caller's thread. */
+  tokenizeChat(messages: { role: string; content: string }[]): Promise<number[]>;
+  /** {@linkcode decode} without stalling the caller's thread (long id lists). */
+  detokenize(ids: number[]): Promise<string>;
+  /** Whether the tokenizer has a token `id` (a map lookup, at once). */
+  knowsToken(id: number): boolean;
   generate(request: GenerateRequest): Generation;
   session(id: string): SessionInfo | undefined;
   deleteSession(id: string): Promise<boolean>;

@@ -214,6 +214,23 @@ export class Engine implements EngineLike {
     return this.tokenizer.decode(ids);
   }
 
+  /** {@linkcode encode}, as a promise: this engine's caller is its own thread anyway. */
+  tokenize(text: string): Promise<number[]> {
+    return Promise.resolve().then(() => this.encode(text));
+  }
+
+  tokenizeChat(messages: { role: string; content: string }[]): Promise<number[]> {
+    return Promise.resolve().then(() => this.encodeChat(messages));
+  }
+
+  detokenize(ids: number[]): Promise<string> {
+    return Promise.resolve().then(() => this.decode(ids));
+  }
+
+  knowsToken(id: number): boolean {
+    return this.tokenizer.knows(id);
+  }
+
   /** The weights' element type and their bytes on the GPU. */
   get weights(): { dtype: ModelWeights["dtype"]; bytes: number } {
     return { dtype: this.#weights.dtype, bytes: this.#weights.bytes };

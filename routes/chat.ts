@@ -37,7 +37,7 @@ export function chatLogprob(engine: EngineLike, ev: TokenEvent): ChatLogprob {
 export function chatRoutes(ctx: ServerContext): Hono {
   const { engine } = ctx;
   return new Hono().post("/", async (c) => {
-    const req = parseChat(engine, await readJson(c), c.req.header("x-session-id"));
+    const req = await parseChat(engine, await readJson(c), c.req.header("x-session-id"));
     admit(ctx);
     const abort = new AbortController();
     const top = req.logprobs ? req.topLogprobs : 0;

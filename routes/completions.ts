@@ -49,7 +49,7 @@ export function completionLogprobs(
 export function completionsRoutes(ctx: ServerContext): Hono {
   const { engine } = ctx;
   return new Hono().post("/", async (c) => {
-    const req = parseCompletion(engine, await readJson(c), c.req.header("x-session-id"));
+    const req = await parseCompletion(engine, await readJson(c), c.req.header("x-session-id"));
     admit(ctx);
     const abort = new AbortController();
     const topLogprobs = req.logprobs ?? 0;

@@ -37,23 +37,8 @@ function onlyKnownFields(body: Body, route: keyof typeof FIELDS): void {
   );
 }
 
-/**
- * Whether the model's tokenizer knows `id`. `EngineLike` has no vocabulary size, but its `decode`
- * drops the ids the tokenizer does not know (engine/model/tokenizer.ts), while any id it knows
- * decodes to at least one character when it follows itself (byte-level and SentencePiece decoders
- * strip at most the leading space of the whole text; a lone byte decodes to U+FFFD). So an id is
- * unknown exactly when two of it decode to nothing. `known` caches the answers that were yes.
- */
-function knownToken(engine: EngineLike, id: number, known: Set<number>): boolean {
-  if (known.has(id)) return true;
-  if (engine.decode([id, id]) === "") return false;
-  known.add(id);
-  return true;
-}
-
 /** The `/v1/tokenize` and `/v1/detokenize` sub-app; mount it at `/v1`. */
 export function tokenizeRoutes(engine: EngineLike): Hono {
-  const known = new Set<number>();
   const postOnly = (path: string) => (c: { req: { method: string } }) => {
     throw new ApiError(405, `${c.req.method} is not allowed here; use POST ${path}`, {
       code: "method_not_allowed",
@@ -84,7 +69,7 @@ export function tokenizeRoutes(engine: EngineLike): Hono {
             : 'content is required: the text to tokenize, e.g. {"content": "Hello"}',
         );
       }
-      return c.json({ tokens: engine.encode(content) });
+      return c.json({ tokens: await engine.tokenize(content) });
     })
     .all("/tokenize", postOnly("/v1/tokenize"))
     .post("/detokenize", async (c) => {
@@ -106,7 +91,7 @@ export function tokenizeRoutes(engine: EngineLike): Hono {
             `tokens[${i}] must be a token id (an integer >= 0); got ${describe(id)}`,
           );
         }
-        if (!knownToken(engine, id, known)) {
+        if (!engine.knowsToken(id)) {
           throw badRequest(
             "tokens",
             `tokens[${i}] is ${id}, which is not in the vocabulary of "${engine.modelId}"; ` +
@@ -114,7 +99,7 @@ export function tokenizeRoutes(engine: EngineLike): Hono {
           );
         }
       });
-      return c.json({ content: engine.decode(tokens) });
+      return c.json({ content: await engine.detokenize(tokens) });
     })
     .all("/detokenize", postOnly("/v1/detokenize"));
 }

@@ -194,14 +194,15 @@ function isIdList(v: unknown): v is number[] {
     v.every((x) => typeof x === "number" && Number.isInteger(x) && x >= 0 && x < 2 ** 31);
 }
 
-/** Tokenizes `prompt` into one id list per prompt. */
-export function parsePrompts(engine: EngineLike, body: Body): number[][] {
+/** Tokenizes `prompt` into one id list per prompt (long texts off this thread). */
+export async function parsePrompts(engine: EngineLike, body: Body): Promise<number[][]> {
   const p = body.prompt;
   let prompts: number[][] | undefined;
-  if (typeof p === "string") prompts = [engine.encode(p)];
+  if (typeof p === "string") prompts = [await engine.tokenize(p)];
   else if (Array.isArray(p) && p.length > 0) {
-    if (p.every((x) => typeof x === "string")) prompts = p.map((s) => engine.encode(s));
-    else if (isIdList(p)) prompts = [p];
+    if (p.every((x) => typeof x === "string")) {
+      prompts = await Promise.all(p.map((s) => engine.tokenize(s)));
+    } else if (isIdList(p)) prompts = [p];
     else if (p.every(isIdList)) prompts = p as number[][];
   }
   if (!prompts) throw badRequest("prompt", `${TOKEN_IDS}; got ${describe(p)}`);
@@ -213,17 +214,17 @@ export function parsePrompts(engine: EngineLike, body: Body): number[][] {
 }
 
 /** Parses a /v1/completions body. */
-export function parseCompletion(
+export async function parseCompletion(
   engine: EngineLike,
   body: Body,
   sessionHeader?: string,
-): CompletionRequest {
+): Promise<CompletionRequest> {
   checkModel(engine, body);
   if (!present(body, "prompt")) {
     throw badRequest("prompt", 'prompt is required, e.g. "prompt": "Once upon a time"');
   }
   const common = parseCommon(body, sessionHeader);
-  const prompts = parsePrompts(engine, body);
+  const prompts = await parsePrompts(engine, body);
   if (prompts.length * common.n > MAX_SEQUENCES) {
     throw badRequest(
       "n",
@@ -263,8 +264,10 @@ export function parseCompletion(
   );
   const texts = Array.isArray(body.prompt) ? body.prompt : [body.prompt];
   const echoTexts = echo
-    ? prompts.map((ids, i) =>
-      typeof texts[i] === "string" ? texts[i] as string : engine.decode(ids)
+    ? await Promise.all(
+      prompts.map((ids, i) =>
+        typeof texts[i] === "string" ? texts[i] as string : engine.detokenize(ids)
+      ),
     )
     : null;
   return { ...common, prompts, maxTokens, logprobs, echo: echoTexts };
@@ -323,7 +326,11 @@ export function parseMessages(body: Body): { role: string; content: string }[] {
 }
 
 /** Parses a /v1/chat/completions body (also the WebSocket `start` message). */
-export function parseChat(engine: EngineLike, body: Body, sessionHeader?: string): ChatRequest {
+export async function parseChat(
+  engine: EngineLike,
+  body: Body,
+  sessionHeader?: string,
+): Promise<ChatRequest> {
   checkModel(engine, body);
   const messages = parseMessages(body);
   const common = parseCommon(body, sessionHeader);
@@ -334,7 +341,7 @@ export function parseChat(engine: EngineLike, body: Body, sessionHeader?: string
   }
   let promptIds: number[];
   try {
-    promptIds = engine.encodeChat(messages);
+    promptIds = await engine.tokenizeChat(messages);
   } catch (e) {
     throw badRequest(
       "messages",

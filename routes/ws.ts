@@ -56,13 +56,18 @@ export function wsRoutes(ctx: ServerContext): Hono {
     wsGuard(ctx.corsOrigins),
     upgradeWebSocket((c) => {
       const running = new Map<string, Run>();
+      /**
+       * Conversations whose prompt is still being tokenized: their id is taken, and a cancel
+       * meanwhile (or the socket closing) ends them before they start.
+       */
+      const starting = new Map<string, { cancelled: boolean }>();
       const tenant = requestTenant(c);
       const hold = (c.env as Partial<ServeInfo> | undefined)?.holdConnection;
       let open = false;
       let release: (() => void) | undefined;
 
       async function start(ws: WSContext, id: string, msg: Body): Promise<void> {
-        if (running.has(id)) {
+        if (running.has(id) || starting.has(id)) {
           // This error answers the rejected start; the running conversation goes on.
           throw new ApiError(
             400,
@@ -70,14 +75,24 @@ export function wsRoutes(ctx: ServerContext): Hono {
             { param: "id", code: "duplicate_id" },
           );
         }
-        if (running.size >= MAX_CONVERSATIONS) {
+        if (running.size + starting.size >= MAX_CONVERSATIONS) {
           throw badRequest(
             null,
             `${MAX_CONVERSATIONS} conversations are already running on this socket; ` +
               "wait for one to finish or open another socket",
           );
         }
-        const req = parseChat(engine, msg);
+        const pending = { cancelled: false };
+        starting.set(id, pending);
+        let req;
+        try {
+          req = await parseChat(engine, msg);
+        } finally {
+          starting.delete(id);
+        }
+        if (pending.cancelled) {
+          return send(ws, { type: "done", id, finish_reason: "cancelled" });
+        }
         if (req.n !== 1) throw badRequest("n", "n must be 1 over the WebSocket; start more ids");
         admit(ctx);
         const scope = { sessionId: req.sessionId, tenant };
@@ -125,7 +140,11 @@ export function wsRoutes(ctx: ServerContext): Hono {
           }
           id = conversationId(msg);
           if (msg.type === "cancel") {
-            const run = running.get(id);
+            const run = running.get(id), pending = starting.get(id);
+            if (pending) {
+              pending.cancelled = true; // its "done" follows once its prompt is tokenized
+              return;
+            }
             if (!run) {
               throw new ApiError(404, `no conversation "${id}" is running on this socket`, {
                 param: "id",
@@ -154,6 +173,7 @@ export function wsRoutes(ctx: ServerContext): Hono {
           release?.();
           for (const run of running.values()) run.cancel();
           running.clear();
+          for (const pending of starting.values()) pending.cancelled = true;
         },
       };
     }),

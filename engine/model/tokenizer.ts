@@ -126,6 +126,11 @@ export class TextTokenizer {
     });
   }
 
+  /** Whether the tokenizer has a token `id` (model rows past its vocabulary are padding). */
+  knows(id: number): boolean {
+    return Number.isInteger(id) && id >= 0 && this.#tok.id_to_token(id) !== undefined;
+  }
+
   /** Whether `id` is a special added token (BOS, EOS, chat markers). */
   isSpecial(id: number): boolean {
     return this.#special.has(id);

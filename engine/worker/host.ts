@@ -10,7 +10,8 @@
  * state and one stream per generation: the worker sends each readback round's tokens in one
  * message, with the session table's changes and the load and KV counts.
  *
- * What needs an answer at once is answered here: encoding and decoding (a tokenizer of its own),
+ * What needs an answer at once is answered here: encoding and decoding (a tokenizer of its own;
+ * long prompts in tokenizer workers, engine/worker/tokenizers.ts, so none stalls this thread),
  * the request checks of `Engine.generate` that throw before any token (prompt, vocabulary,
  * context length, queue full, session busy), `occupancy()`, `kvStats()` and `session(id)` from the
  * mirror (as of the worker's last message).
@@ -30,6 +31,7 @@ import { Channel } from "../sched/channel.ts";
 import type { HostStats } from "../engine.ts";
 import { loadModelFolder } from "../model/folder.ts";
 import { TextTokenizer } from "../model/tokenizer.ts";
+import { Tokenizers } from "./tokenizers.ts";
 import {
   type CallMethod,
   fromWire,
@@ -63,6 +65,8 @@ export class WorkerEngine implements EngineLike {
   readonly kvDtype: KvDtype;
   readonly #worker: Worker;
   readonly #tokenizer: TextTokenizer;
+  /** Tokenization of request prompts off this thread when they are long. */
+  readonly #tokenizers: Tokenizers;
   readonly #info: ReadyInfo;
   #state: WorkerState;
   readonly #sessions = new Map<string, SessionInfo>();
@@ -75,7 +79,9 @@ export class WorkerEngine implements EngineLike {
   #dead?: Error;
   #closed?: () => void;
 
-  private constructor(worker: Worker, tokenizer: TextTokenizer, info: ReadyInfo) {
+  private constructor(worker: Worker, tokenizers: Tokenizers, info: ReadyInfo) {
+    const tokenizer = tokenizers.tokenizer;
+    this.#tokenizers = tokenizers;
     this.#worker = worker;
     this.#tokenizer = tokenizer;
     this.#info = info;
@@ -102,7 +108,11 @@ export class WorkerEngine implements EngineLike {
    */
   static async load(model: ModelSpec, options: WorkerEngineOptions = {}): Promise<WorkerEngine> {
     const folder = await loadModelFolder("dir" in model ? model.dir : model.tokenizerDir);
-    const tokenizer = TextTokenizer.load(folder);
+    const tokenizers = new Tokenizers(TextTokenizer.load(folder), {
+      tokenizerJson: folder.tokenizerJson,
+      tokenizerConfig: folder.tokenizerConfig,
+      config: folder.config,
+    });
     const worker = new Worker(new URL("./worker.ts", import.meta.url), { type: "module" });
     try {
       const info = await new Promise<ReadyInfo>((resolve, reject) => {
@@ -119,7 +129,7 @@ export class WorkerEngine implements EngineLike {
           reject(new Error(`the engine's worker failed: ${e.message}`));
         };
       });
-      return new WorkerEngine(worker, tokenizer, info);
+      return new WorkerEngine(worker, tokenizers, info);
     } catch (e) {
       worker.terminate();
       await new Promise((r) => setTimeout(r, TEARDOWN_MS)); // see close()
@@ -137,6 +147,22 @@ export class WorkerEngine implements EngineLike {
 
   decode(ids: number[]): string {
     return this.#tokenizer.decode(ids);
+  }
+
+  tokenize(text: string): Promise<number[]> {
+    return this.#tokenizers.encode(text);
+  }
+
+  tokenizeChat(messages: { role: string; content: string }[]): Promise<number[]> {
+    return this.#tokenizers.encodeChat(messages);
+  }
+
+  detokenize(ids: number[]): Promise<string> {
+    return this.#tokenizers.decode(ids);
+  }
+
+  knowsToken(id: number): boolean {
+    return this.#tokenizer.knows(id);
   }
 
   /**
@@ -309,6 +335,7 @@ export class WorkerEngine implements EngineLike {
 
   #fail(error: Error): void {
     this.#dead = error;
+    this.#tokenizers.close();
     for (const id of [...this.#gens.keys()]) this.#settle(id, error)?.reject(error);
     for (const c of this.#calls.values()) c.reject(error);
     this.#calls.clear();

@@ -145,6 +145,12 @@ export interface AttentionDecodeOptions extends AttentionDecodeScratchOptions {
   kvDtype?: KvDtype;
   /** Expand the kernels' `// @unroll` loops (default true; false to measure the plain loops). */
   unroll?: boolean;
+  /**
+   * Query rows per sequence (default 1). With R > 1 (a verification pass of speculative
+   * decoding), `seqs` counts rows: row s reads block-table row `s / R` and its own `pos` and
+   * `seqLen` entries, and writes no K or V (rope_kv wrote every row's before).
+   */
+  rowsPerSeq?: number;
 }
 
 /**
@@ -413,7 +419,15 @@ export function attentionDecodeDispatches(
   const common = wgsl("attention_decode_common.wgsl");
   const prelude = wgsl("rope_common.wgsl") + KV_PRELUDE[opts.kvDtype ?? "f32"] + common;
   const main = pipeline(gpu, "attention_decode.wgsl", {
-    constants: { WG: geo.wg, HD: D, ROWS: geo.rows, RPR: geo.rpr },
+    constants: {
+      WG: geo.wg,
+      HD: D,
+      ROWS: geo.rows,
+      RPR: geo.rpr,
+      ...(opts.rowsPerSeq && opts.rowsPerSeq > 1
+        ? { SEQ_ROWS: opts.rowsPerSeq, WRITE_KV: 0 }
+        : {}),
+    },
     prelude,
     unroll: opts.unroll,
   });

@@ -7,6 +7,11 @@
 // attended; a finished or empty slot's pos is the trash position (step_begin), a key no slot
 // attends. RoPE arithmetic: rope_common.wgsl, prepended by the wrapper.
 //
+// Verification passes (speculative decoding) run SEQ_ROWS query rows per sequence as rows of
+// their own: row s reads sequence s / SEQ_ROWS's block table, is rotated at its own pos and
+// attends its own seq_len (row j of a sequence at L keys: L + j, L + j + 1), and with WRITE_KV
+// off writes nothing: rope_kv wrote every row's key before, so each row sees the drafts before it.
+//
 // The write, and who sees it: the workgroups of the one split whose chunks hold key pos[s]
 // (every row group of it: each kv head's q heads may need several workgroups) each write the
 // k and v of their kv head, then storageBarrier() before any pool load, so each workgroup's own
@@ -56,6 +61,10 @@
 // attention_decode_common.wgsl (prepended): WG, HD, D4, KEYS, NEG, TPK, Params, p, seq_len, dst,
 // head_row.
 
+// Query rows per sequence (verification passes): row s reads sequence s / SEQ_ROWS's table.
+override SEQ_ROWS: u32 = 1u;
+// Write the new token's K and V (off in verification passes: rope_kv wrote them already).
+override WRITE_KV: bool = true;
 override ROWS: u32 = 8u; // q heads per workgroup, <= RMAX
 override RPR: u32 = 2u; // rows per round of the final reduction
 
@@ -126,7 +135,7 @@ fn block_of(s: u32, ch: u32, b: u32, len: u32) -> u32 {
   if ((ch * BPC + b) * BLOCK >= len) {
     return 0u;
   }
-  return block_table[s * p.max_blocks + ch * BPC + b];
+  return block_table[(s / SEQ_ROWS) * p.max_blocks + ch * BPC + b];
 }
 
 // Vec4 y of this thread's part kpart of the K row at `base`: zero past D4.
@@ -338,8 +347,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (position < len) {
     writes = split == position / KEYS / per;
   }
-  if (writes && position / BLOCK < p.max_blocks) {
-    let b = block_table[s * p.max_blocks + position / BLOCK];
+  if (WRITE_KV && writes && position / BLOCK < p.max_blocks) {
+    let b = block_table[(s / SEQ_ROWS) * p.max_blocks + position / BLOCK];
     let row = (((b * p.n_layers + p.layer) * p.n_kv_heads + kvh) * BLOCK + position % BLOCK) * D4;
     let ks = qkv_head(s, p.n_heads + kvh);
     let vs = qkv_head(s, p.n_heads + p.n_kv_heads + kvh);

@@ -871,3 +871,95 @@ Deno.test("attention tile: big tiles on GPUs, small ones where GL compiles slowl
   assert.throws(() => attentionTile(gpu, { headDim: 64, wantRows: 64, keys: 12 }), /tileKeys/);
   assert.throws(() => attentionTile(gpu, { headDim: 64, wantRows: 64, rows: 6 }), /tileRows/);
 });
+
+for (const kvDtype of ["f32", "f16"] as KvDtype[]) {
+  Deno.test(`attention decode, verification pass: R rows per sequence, kv ${kvDtype}`, async () => {
+    // Speculation's verify step: rope_kv writes the K and V of every row (the last sampled
+    // token and its drafts, at L..L+d), then decode attention runs each row as a query of its
+    // own over its sequence's table, row j attending L + j + 1 keys; dead rows (past d) write
+    // at the trash position and attend nothing.
+    const gpu = await testGpu();
+    const r = rng(31);
+    const nHeads = 8, nKvHeads = 2, D = 64, R = 5, nLayers = 2, layer = 1;
+    const lens = [20, 3, 47, 16]; // L per sequence (tokens in cache before the step)
+    const drafts = [4, 2, 0, 3]; // d per sequence: rows 0..d live
+    const S = lens.length, rows = S * R;
+    const maxBlocks = Math.ceil((Math.max(...lens) + R) / 16) + 1;
+    const trashPos = (maxBlocks - 1) * 16;
+    const cache = pagedCacheRef(r.next, {
+      seqLens: lens,
+      capacity: lens.map((l) => l + R),
+      nLayers,
+      nKvHeads,
+      headDim: D,
+      maxBlocks,
+      kvDtype,
+    });
+    const live = (s: number, j: number) => j <= drafts[s];
+    const pos = Array.from({ length: rows }, (_, i) => {
+      const s = Math.floor(i / R), j = i % R;
+      return live(s, j) ? lens[s] + j : trashPos;
+    });
+    const seqLen = Array.from({ length: rows }, (_, i) => {
+      const s = Math.floor(i / R), j = i % R;
+      return live(s, j) ? lens[s] + j + 1 : 0;
+    });
+    const rowSlot = Array.from({ length: rows }, (_, i) => Math.floor(i / R));
+    const width = (nHeads + 2 * nKvHeads) * D;
+    const qkv = Float32Array.from(r.uniform(rows * width, 2));
+    const invFreq = invFreqs(D);
+    const gc = uploadCache(gpu, cache);
+    const out = createStorage(
+      gpu,
+      rows * nHeads * D * 4,
+      new Float32Array(rows * nHeads * D).fill(NaN),
+    );
+    const qkvBuf = f32(gpu, qkv), posBuf = u32(gpu, pos), freqBuf = f32(gpu, invFreq);
+    const heads = { nHeads, nKvHeads, headDim: D, layer, nLayers, maxBlocks, kvDtype };
+    const write = ropeKvDispatch(gpu, {
+      qkv: qkvBuf,
+      q: createStorage(gpu, rows * nHeads * D * 4),
+      kPool: gc.kPool,
+      vPool: gc.vPool,
+      pos: posBuf,
+      tokSeq: u32(gpu, rowSlot),
+      blockTable: gc.blockTable,
+      invFreq: freqBuf,
+    }, { tokens: rows, ...heads });
+    const attend = attentionDecodeDispatches(gpu, {
+      qkv: qkvBuf,
+      pos: posBuf,
+      invFreq: freqBuf,
+      ...gc,
+      seqLen: u32(gpu, seqLen),
+      out,
+    }, { seqs: rows, maxContext: Math.max(...lens) + R, rowsPerSeq: R, ...heads });
+    await run(gpu, [write, ...attend]);
+    // The reference: every row as a decode slot whose table is its sequence's.
+    const virtual = { ...cache, blockTable: new Uint32Array(rows * maxBlocks) };
+    for (let i = 0; i < rows; i++) {
+      virtual.blockTable.set(
+        cache.blockTable.subarray(rowSlot[i] * maxBlocks, (rowSlot[i] + 1) * maxBlocks),
+        i * maxBlocks,
+      );
+    }
+    const want = attentionDecodeRef(virtual, qkv, { pos, seqLen, invFreq, nHeads, layer });
+    const got = await readF32(gpu, out, rows * nHeads * D);
+    const n = nHeads * D;
+    for (let i = 0; i < rows; i++) {
+      const label = `${attend[0].label} seq ${rowSlot[i]} row ${i % R} len ${seqLen[i]}`;
+      assertClose(label, got.subarray(i * n, (i + 1) * n), want.out.subarray(i * n, (i + 1) * n));
+    }
+    // Every live row's K and V in its place (the trash row holds whichever dead row wrote last).
+    const kGot = await readPool(gpu, gc.kPool, want.kPool.length, kvDtype);
+    const vGot = await readPool(gpu, gc.vPool, want.vPool.length, kvDtype);
+    for (let i = 0; i < rows; i++) {
+      if (pos[i] === trashPos) continue;
+      for (let h = 0; h < nKvHeads; h++) {
+        const o = pagedOffsetRef(virtual, { slot: i, layer, pos: pos[i], head: h });
+        assertPool(`row ${i} head ${h} k`, kGot.subarray(o, o + D), want.kPool.subarray(o, o + D));
+        assertPool(`row ${i} head ${h} v`, vGot.subarray(o, o + D), want.vPool.subarray(o, o + D));
+      }
+    }
+  });
+}

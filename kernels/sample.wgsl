@@ -41,6 +41,12 @@ struct Dims { rows: u32, vocab: u32, _pad0: u32, _pad1: u32 } // rows: or Philox
 @group(0) @binding(4) var<storage, read_write> counts: array<u32>; // [rows, V]
 @group(0) @binding(5) var<storage, read_write> out: array<u32>; // (token, f32 logprob) [rows]
 @group(0) @binding(6) var<storage, read> philox_in: array<u32>; // philox_test: (c0..c3, k0, k1)
+// verify_main: each row's input token [rows]; a sequence's rows 1..j are its drafts before row j
+@group(0) @binding(7) var<storage, read> row_tok: array<u32>;
+
+// verify_main: rows per sequence (a verification pass of speculative decoding, R = drafts + 1).
+override SEQ_ROWS: u32 = 1u;
+const MAX_EXTRA: u32 = 16u;
 
 override WG: u32 = 256u; // power of two, <= MAX_WG
 const MAX_WG: u32 = 256u;
@@ -67,8 +73,12 @@ var<workgroup> picked: u32;
 var<private> lid: u32;
 var<private> V: u32;
 var<private> base: u32;
+var<private> cbase: u32; // the row's sequence's row of `counts`
 var<private> sp: SampleParams;
 var<private> has_pen: bool;
+// Tokens a row counts as generated beyond `counts` (a verification row's drafts before it).
+var<private> extra: array<u32, MAX_EXTRA>;
+var<private> n_extra: u32;
 var<private> pen_max: f32;
 
 // ---- Philox4x32-10 (engine/philox.ts is the same, word for word) ----
@@ -102,8 +112,11 @@ fn philox4x32(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
 fn penalised(i: u32) -> f32 {
   var x = logits[base + i];
   if (has_pen) {
-    let c = counts[base + i];
-    let n = c & COUNT_MASK;
+    let c = counts[cbase + i];
+    var n = c & COUNT_MASK;
+    for (var t = 0u; t < n_extra; t++) {
+      n += select(0u, 1u, extra[t] == i);
+    }
     if ((c & SEEN_BIT) != 0u || n > 0u) {
       x = select(x * sp.repetition_penalty, x / sp.repetition_penalty, x > 0.0);
     }
@@ -377,18 +390,12 @@ fn row_stats() -> RowStats {
   return r;
 }
 
-@compute @workgroup_size(WG)
-fn main(
-  @builtin(workgroup_id) wid: vec3<u32>,
-  @builtin(num_workgroups) nwg: vec3<u32>,
-  @builtin(local_invocation_index) li: u32,
-) {
-  let row = wid.y * nwg.x + wid.x;
-  if (row >= dims.rows) { return; }
-  lid = li;
+// Samples logits row `row` with sequence `seq`'s parameters and penalty counts (plus `extra`).
+fn sample_row(row: u32, seq: u32) {
   V = dims.vocab;
   base = row * V;
-  sp = params[row];
+  cbase = seq * V;
+  sp = params[seq];
   has_pen = sp.repetition_penalty != 1.0 || sp.presence_penalty != 0.0 ||
     sp.frequency_penalty != 0.0;
   let st = row_stats();
@@ -411,6 +418,40 @@ fn main(
     out[2u * row] = tok;
     out[2u * row + 1u] = bitcast<u32>(logits[base + tok] - st.raw_lse);
   }
+}
+
+@compute @workgroup_size(WG)
+fn main(
+  @builtin(workgroup_id) wid: vec3<u32>,
+  @builtin(num_workgroups) nwg: vec3<u32>,
+  @builtin(local_invocation_index) li: u32,
+) {
+  let row = wid.y * nwg.x + wid.x;
+  if (row >= dims.rows) { return; }
+  lid = li;
+  n_extra = 0u;
+  sample_row(row, row);
+}
+
+// A verification pass: row j of a sequence samples the token after its drafts 1..j exactly as
+// plain decoding would after generating them: the sequence's parameters and counts, the drafts
+// counted as generated, Philox at the row's own position.
+@compute @workgroup_size(WG)
+fn verify_main(
+  @builtin(workgroup_id) wid: vec3<u32>,
+  @builtin(num_workgroups) nwg: vec3<u32>,
+  @builtin(local_invocation_index) li: u32,
+) {
+  let row = wid.y * nwg.x + wid.x;
+  if (row >= dims.rows) { return; }
+  lid = li;
+  let seq = row / SEQ_ROWS;
+  let j = row % SEQ_ROWS;
+  n_extra = min(j, MAX_EXTRA);
+  for (var t = 0u; t < n_extra; t++) {
+    extra[t] = row_tok[seq * SEQ_ROWS + 1u + t];
+  }
+  sample_row(row, seq);
 }
 
 // counts[row, token] += 1 and mark seen, for the token main() wrote to `out`.

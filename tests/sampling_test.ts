@@ -395,3 +395,56 @@ Deno.test("update counts: increments the sampled token and marks it seen", async
   assert.deepEqual([...got], [...want]);
   assert.deepEqual(promptCounts([2, 5], V)[2], 0x80000000);
 });
+
+Deno.test("sampling, verification pass: row j samples as plain decoding would after its drafts", async () => {
+  // R rows per sequence share its parameters and counts; row j counts the sequence's drafts
+  // (rows 1..j's inputs) as generated, and draws at its own position.
+  const gpu = await testGpu();
+  const V = 50, S = 6, R = 5, rows = S * R;
+  const r = rng(4242);
+  const logits = makeLogits(77, rows * V, 4);
+  const counts = makeCounts(78, S * V);
+  const settings = [...Array(S)].map(() => ({
+    temperature: [0, 0.7, 1.2][r.int(3)],
+    topK: [0, 5, 40][r.int(3)],
+    topP: [1, 0.9][r.int(2)],
+    minP: [0, 0.05][r.int(2)],
+    repetitionPenalty: [1, 1.3][r.int(2)],
+    presencePenalty: [0, 0.5][r.int(2)],
+    frequencyPenalty: [0, 0.4][r.int(2)],
+    seed: BigInt(r.int(2 ** 31)) * 0x1_0000_0001n,
+  }));
+  // Drafts that repeat tokens (so a row counts one several times), and positions L + j + 1.
+  const rowTok = Uint32Array.from({ length: rows }, () => r.int(6));
+  const base = [...Array(S)].map(() => r.int(5000));
+  const positions = Uint32Array.from({ length: rows }, (_, i) => base[(i / R) | 0] + (i % R) + 1);
+  const params = new Uint8Array(S * SAMPLE_PARAMS_BYTES);
+  settings.forEach((s, i) => params.set(new Uint8Array(packSampleParams(s)), i * 48));
+  const bufs = {
+    logits: createStorage(gpu, rows * V * 4, logits),
+    params: createStorage(gpu, params.byteLength, params),
+    position: createStorage(gpu, rows * 4, positions),
+    counts: createStorage(gpu, S * V * 4, counts),
+    out: createStorage(gpu, rows * 8),
+    rowTok: createStorage(gpu, rows * 4, rowTok),
+  };
+  await run(gpu, [sampleDispatch(gpu, bufs, { rows, vocab: V, rowsPerSeq: R })]);
+  const raw = await readU32(gpu, bufs.out, rows * 2);
+  let checked = 0;
+  for (let i = 0; i < rows; i++) {
+    const s = (i / R) | 0, j = i % R;
+    const c = counts.slice(s * V, (s + 1) * V);
+    for (let t = 1; t <= j; t++) {
+      const tok = rowTok[s * R + t];
+      c[tok] = (0x80000000 | ((c[tok] & 0x3fffffff) + 1)) >>> 0;
+    }
+    const row = logits.subarray(i * V, (i + 1) * V);
+    const opts = { ...settings[s], position: positions[i], counts: c };
+    if (knifeEdge(sampleDistRef(row, opts), philoxUniform(opts.seed, opts.position))) continue;
+    checked++;
+    assert.equal(raw[2 * i], sampleRef(row, opts).token, `seq ${s} row ${j}`);
+  }
+  assert(checked >= rows * 0.75, `${checked} of ${rows} rows checked`);
+  // The counts are the sequences' own, untouched (spec_end books what is accepted).
+  assert.deepEqual([...await readU32(gpu, bufs.counts, S * V)], [...counts]);
+});

@@ -52,6 +52,11 @@ export interface GenerationResult {
    * the epoch); the result arrives only after that.
    */
   persistedAt?: number;
+  /**
+   * When the engine speculated for it: verification steps, drafts proposed and drafts accepted
+   * (every accepted draft is a token the step gave beyond its own).
+   */
+  speculation?: { steps: number; drafted: number; accepted: number };
 }
 
 /** A running generation: iterate for tokens, await `result` for the end. */
@@ -72,6 +77,8 @@ export interface GenerateRequest {
    * session belongs to the tenant that created it).
    */
   tenant?: string;
+  /** false: never speculate for this request (default: as the engine decides). */
+  speculation?: boolean;
   signal?: AbortSignal;
 }
 

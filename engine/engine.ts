@@ -32,6 +32,8 @@ import { Sessions } from "./sessions/sessions.ts";
 import { type HostStats, Loop } from "./sched/loop.ts";
 import { Scheduler } from "./sched/scheduler.ts";
 import { Sequence } from "./sched/sequence.ts";
+import { SpeculationPolicy } from "./sched/speculation.ts";
+import { MAX_SPEC_ROWS } from "../kernels/speculate.ts";
 
 /** Options for {@linkcode Engine.load}. */
 export interface EngineOptions {
@@ -71,6 +73,14 @@ export interface EngineOptions {
    * `store`). Default false: the snapshot lands shortly after (`SessionInfo.persistedAt`).
    */
   kvSync?: boolean;
+  /**
+   * Speculative decoding (drafts from each sequence's own history, verified in one pass; the
+   * tokens are those of plain decoding): "auto" speculates when the measured cost pays, "on"
+   * always (tests), "off" never (default).
+   */
+  speculate?: "off" | "auto" | "on";
+  /** Drafts per verification step at most (default 4; rows per slot are one more). */
+  drafts?: number;
   gpu?: Gpu;
 }
 
@@ -101,6 +111,7 @@ export class Engine implements EngineLike {
   readonly #sessions: Sessions;
   readonly #loop: Loop;
   readonly #weights: ModelWeights;
+  readonly #speculation: SpeculationPolicy;
   /** A score runs: it uses slot 0, so no generation may start meanwhile. */
   #scoring = false;
 
@@ -121,10 +132,12 @@ export class Engine implements EngineLike {
     this.runner = parts.runner;
     this.#sched = new Scheduler(opts);
     this.#sessions = new Sessions(parts.kv, model.id, parts.store);
+    this.#speculation = new SpeculationPolicy({ rows: this.runner.specRows, mode: opts.speculate });
     this.#loop = new Loop({
       runner: this.runner,
       scheduler: this.#sched,
       sessions: this.#sessions,
+      speculation: this.#speculation,
     });
   }
 
@@ -164,7 +177,17 @@ export class Engine implements EngineLike {
       queueDepth: options.queueDepth ?? 2,
       kvDtype: options.kvDtype ?? "f32",
       kvSync: options.kvSync ?? false,
+      speculate: options.speculate ?? "off",
+      drafts: options.drafts ?? 4,
     };
+    if (!["off", "auto", "on"].includes(opts.speculate)) {
+      throw new Error(`--speculate must be off or auto; got '${opts.speculate}'`);
+    }
+    if (!(Number.isInteger(opts.drafts) && opts.drafts >= 1 && opts.drafts < MAX_SPEC_ROWS)) {
+      throw new Error(
+        `--drafts must be an integer from 1 to ${MAX_SPEC_ROWS - 1}; got ${opts.drafts}`,
+      );
+    }
     if (opts.kvSync && !options.store) {
       throw new Error("--kv-sync needs --kv PATH (the session store it waits for)");
     }
@@ -196,7 +219,7 @@ export class Engine implements EngineLike {
         maxSteps: opts.maxSteps,
         regions: REGIONS,
         topK: TOP_K,
-        specRows: 1,
+        specRows: opts.speculate === "off" ? 1 : opts.drafts + 1,
       },
     });
     return new Engine(gpu, model, opts, { kv, runner, store: options.store });
@@ -384,6 +407,7 @@ export class Engine implements EngineLike {
       cancel: (s) => this.#loop.cancel(s),
       onToken,
       durable: this.opts.kvSync && request.sessionId !== undefined,
+      speculate: this.runner.specRows > 1 && request.speculation !== false,
     });
     this.#sched.enqueue(seq);
     request.signal?.addEventListener("abort", () => seq.cancel(), { once: true });

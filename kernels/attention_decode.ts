@@ -424,9 +424,7 @@ export function attentionDecodeDispatches(
       HD: D,
       ROWS: geo.rows,
       RPR: geo.rpr,
-      ...(opts.rowsPerSeq && opts.rowsPerSeq > 1
-        ? { SEQ_ROWS: opts.rowsPerSeq, WRITE_KV: 0 }
-        : {}),
+      ...(opts.rowsPerSeq && opts.rowsPerSeq > 1 ? { SEQ_ROWS: opts.rowsPerSeq, WRITE_KV: 0 } : {}),
     },
     prelude,
     unroll: opts.unroll,

@@ -23,6 +23,7 @@ import { attentionDecodeDispatches } from "../../kernels/attention_decode.ts";
 import { sampleDispatch } from "../../kernels/sample.ts";
 import { logitsStatsDispatch, topKDispatch } from "../../kernels/logits.ts";
 import { stepDispatch } from "../../kernels/step.ts";
+import { specDispatch } from "../../kernels/speculate.ts";
 
 /** Sizes of the scratch, fixed when the forward pass is created. */
 export interface ForwardOptions {
@@ -52,6 +53,7 @@ export class ForwardPass {
   readonly #lastRow: GPUBuffer; // u32 [1]
   readonly #prefillChunk: GPUBuffer; // u32 [slot, pos0, tokens, 0] of the prefill chunk
   #decodePlans = new Map<number, Dispatch[]>();
+  #verifyPlans = new Map<string, Dispatch[]>();
   #stepEnds = new Map<string, Dispatch[]>();
   #samples = new Map<string, Dispatch[]>();
   #prefills = new Map<string, Dispatch[]>();
@@ -69,7 +71,8 @@ export class ForwardPass {
     this.#slots = o.slots;
     this.#layout = o.layout;
     this.maxChunk = o.maxChunk;
-    const S = o.layout.shape.maxSlots, T = o.maxChunk;
+    // S: rows that get logits (a verification pass: every slot's rows); T: rows of the layers.
+    const S = o.layout.shape.maxSlots * o.layout.rows, T = Math.max(o.maxChunk, S);
     const { hiddenSize: H, nHeads, nKvHeads, headDim: D, intermediateSize: F } = cfg;
     const V = cfg.vocabSize;
     const buf = (bytes: number, label: string) => createStorage(gpu, bytes, undefined, label);
@@ -164,21 +167,26 @@ export class ForwardPass {
     });
   }
 
-  /** Sampling for rows [0, rows) and optional top-k alternatives into the top ring. */
-  #sample(rows: number, region: number, k: number, withTop: boolean): Dispatch[] {
-    const key = `${rows}:${withTop ? `${region}:${k}` : ""}`;
-    return memo(this.#samples, key, () => this.#buildSample(rows, region, k, withTop));
+  /**
+   * Sampling for rows [0, rows) and optional top-k alternatives into the top ring; a
+   * verification pass (`spec` R) samples R rows per slot.
+   */
+  #sample(rows: number, region: number, k: number, withTop: boolean, spec = 1): Dispatch[] {
+    const key = `${rows}:${spec}:${withTop ? `${region}:${k}` : ""}`;
+    return memo(this.#samples, key, () => this.#buildSample(rows, region, k, withTop, spec));
   }
 
-  #buildSample(rows: number, region: number, k: number, withTop: boolean): Dispatch[] {
-    const g = this.gpu, V = this.cfg.vocabSize;
+  #buildSample(rows: number, region: number, k: number, withTop: boolean, R: number): Dispatch[] {
+    const g = this.gpu, V = this.cfg.vocabSize, sp = this.#slots.spec;
     const out = [sampleDispatch(g, {
       logits: this.#logits,
       params: this.#slots.params,
-      position: this.#slots.step.seqLen,
+      // A verification row draws at its own position: the length it attends.
+      position: R > 1 ? sp!.rowLen : this.#slots.step.seqLen,
       counts: this.#slots.step.counts,
       out: this.#slots.step.sampled,
-    }, { rows, vocab: V })];
+      rowTok: sp?.rowTok,
+    }, { rows, vocab: V, rowsPerSeq: R })];
     if (withTop) {
       out.push(logitsStatsDispatch(g, { logits: this.#logits, stats: this.#stats }, {
         rows,
@@ -396,6 +404,71 @@ export class ForwardPass {
       ...this.#sample(slots, region, k, withTop),
       ...this.#stepEnd(0, slots, region, k),
     ];
+  }
+
+  /**
+   * One verification pass of speculative decoding over slots [0, slots), R rows each
+   * (kernels/speculate.wgsl): `spec_begin` drafts every slot's rows from its history, the layers
+   * run all `slots · R` rows (rope_kv writes each row's K and V first, then decode attention runs
+   * each row over its slot's table), the rows are sampled as plain decoding would sample them,
+   * and `spec_end` accepts the longest prefix the model agrees with into the ring.
+   */
+  verifyStep(slots: number, R: number, region: number, k: number, withTop: boolean): Dispatch[] {
+    const sp = this.#slots.spec;
+    if (!sp || R < 2 || R > this.#layout.rows) {
+      throw new Error(`internal error: a verification pass of ${R} rows per slot`);
+    }
+    const rows = slots * R, c = this.cfg;
+    const spec = (entry: "spec_begin" | "spec_end", ringOffset?: number) =>
+      specDispatch(this.gpu, { step: this.#slots.step, spec: sp }, {
+        entry,
+        slotBegin: 0,
+        slotEnd: slots,
+        rows: R,
+        histLen: this.#layout.shape.contextLength,
+        trashPos: this.#layout.trashPos,
+        vocab: c.vocabSize,
+        ringOffset,
+        nEos: this.#slots.eosCount,
+      });
+    const body = memo(this.#verifyPlans, `${slots}:${R}`, () => [
+      spec("spec_begin"),
+      embeddingDispatch(this.gpu, { table: this.w.embed, tokens: sp.rowTok, out: this.#x }, {
+        count: rows,
+      }),
+      ...this.#layers(rows, (layer) => [
+        ropeKvDispatch(this.gpu, {
+          qkv: this.#qkv,
+          q: this.#q,
+          kPool: this.#kv.k,
+          vPool: this.#kv.v,
+          pos: sp.rowPos,
+          tokSeq: sp.rowSlot,
+          blockTable: this.#slots.blockTable,
+          invFreq: this.w.invFreq,
+        }, { tokens: rows, ...this.#heads(layer) }),
+        ...attentionDecodeDispatches(this.gpu, {
+          qkv: this.#qkv,
+          pos: sp.rowPos,
+          invFreq: this.w.invFreq,
+          kPool: this.#kv.k,
+          vPool: this.#kv.v,
+          blockTable: this.#slots.blockTable,
+          seqLen: sp.rowLen,
+          out: this.#attn,
+        }, {
+          seqs: rows,
+          rowsPerSeq: R,
+          maxContext: this.#layout.shape.contextLength,
+          ...this.#heads(layer),
+        }),
+      ]),
+      ...this.#lmHead(rows, 0, this.#x, this.w.norm),
+    ]);
+    const end = memo(this.#stepEnds, `spec:${slots}:${R}:${region}:${k}`, () => [
+      spec("spec_end", this.#layout.ringOffset(region, k)),
+    ], 4096);
+    return [...body, ...this.#sample(rows, region, k, withTop, R), ...end];
   }
 }
 

@@ -40,6 +40,8 @@ export interface SlotAdmission {
   sampling: SamplingOptions;
   /** The Philox key's u64 seed. */
   seed: bigint;
+  /** Most drafts per verification step (0: this sequence does not speculate). */
+  specCap?: number;
 }
 
 /** The batch on the GPU: per-slot state, and the work that advances it. */
@@ -96,13 +98,32 @@ export class Runner<T extends SlotOccupant> {
       slot * SAMPLE_PARAMS_BYTES,
       packSampleParams({ ...a.sampling, seed: a.seed }),
     );
+    const sp = this.#slots.spec, R = this.layout.rows;
     const state = {
       done: false,
       remaining: a.sampling.maxTokens,
       stopAtEos: a.sampling.stopAtEos !== false,
+      depth: R - 1, // speculation starts at full depth and adapts
     };
     q.writeBuffer(this.#slots.step.slotState, slot * SLOT_STATE_BYTES, slotStateWords(state));
     q.writeBuffer(this.#slots.step.seqLen, slot * 4, Uint32Array.of(a.tokens.length));
+    if (sp) {
+      // Its history so far: drafts come from it (step_end and spec_end append what follows).
+      const H = this.layout.shape.contextLength;
+      q.writeBuffer(sp.hist, slot * H * 4, Uint32Array.from(a.tokens.slice(0, H)));
+      this.setSpecCap(slot, a.specCap ?? 0);
+    }
+  }
+
+  /** Sets how many drafts `slot` may take per verification step (0: none). */
+  setSpecCap(slot: number, cap: number): void {
+    const sp = this.#slots.spec;
+    if (sp) this.gpu.device.queue.writeBuffer(sp.cap, slot * 4, Uint32Array.of(cap));
+  }
+
+  /** Rows per slot of a verification pass (1: this runner never speculates). */
+  get specRows(): number {
+    return this.layout.rows;
   }
 
   /**
@@ -161,16 +182,32 @@ export class Runner<T extends SlotOccupant> {
   }
 
   /**
-   * Encodes `steps` decode steps of every slot up to the last live one (not submitted). `live`
-   * holds, by slot, the sequences still running: they receive their tokens when it is read.
+   * Encodes `steps` decode steps of every slot up to the last live one (not submitted), plain or
+   * (`speculate`, when the runner has verification rows) verification passes. `live` holds, by
+   * slot, the sequences still running: they receive their tokens when it is read.
    */
-  decode(live: (T | undefined)[], steps: number, withTop: boolean): Submission<T> {
+  decode(
+    live: (T | undefined)[],
+    steps: number,
+    o: { withTop: boolean; speculate?: boolean },
+  ): Submission<T> {
     const region = this.#nextRegion(), width = live.findLastIndex(Boolean) + 1;
+    const R = o.speculate ? this.layout.rows : 1, f = this.forward;
     const dispatches: Dispatch[] = [];
     for (let k = 0; k < steps; k++) {
-      dispatches.push(...this.forward.decodeStep(width, region, k, withTop));
+      dispatches.push(
+        ...(R > 1
+          ? f.verifyStep(width, R, region, k, o.withTop)
+          : f.decodeStep(width, region, k, o.withTop)),
+      );
     }
-    return new Submission(this.#ctx, dispatches, { region, steps, slots: live, top: withTop });
+    return new Submission(this.#ctx, dispatches, {
+      region,
+      steps,
+      slots: live,
+      top: o.withTop,
+      ...(R > 1 ? { specRows: R } : {}),
+    });
   }
 
   /** A submission of arbitrary dispatches over this runner's buffers (tests, profiling). */

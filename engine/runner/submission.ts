@@ -102,7 +102,11 @@ export class Submission<T extends SlotOccupant> {
     const { layout, slots, readback } = ctx, dev = ctx.gpu.device;
     const t0 = performance.now();
     this.width = o.slots.findLastIndex(Boolean) + 1;
-    this.work = o.prefill ? `prefill ${o.rows}` : `decode ${this.width}`;
+    this.work = o.prefill
+      ? `prefill ${o.rows}`
+      : o.specRows
+      ? `verify ${this.width}`
+      : `decode ${this.width}`;
     // Errors of this submission reject `done` (the engine then fails the requests it served)
     // instead of only being logged while garbage tokens stream on.
     dev.pushErrorScope("validation");

@@ -10,6 +10,7 @@ import type { Submission } from "../runner/submission.ts";
 import type { Sessions } from "../sessions/sessions.ts";
 import { Pacer } from "./pacer.ts";
 import { type KvBudget, poolBudget, type Scheduler } from "./scheduler.ts";
+import type { SpeculationPolicy } from "./speculation.ts";
 import type { Sequence } from "./sequence.ts";
 
 /** The loop's host-side counters (see {@linkcode Loop.hostStats}). */
@@ -26,6 +27,8 @@ export interface LoopParts {
   runner: Runner<Sequence>;
   scheduler: Scheduler;
   sessions: Sessions;
+  /** When decode submissions are verification passes (speculative decoding). */
+  speculation: SpeculationPolicy;
 }
 
 /** The loop of one engine: started by {@linkcode kick}, it runs while there is work. */
@@ -34,6 +37,7 @@ export class Loop {
   readonly #sched: Scheduler;
   readonly #sessions: Sessions;
   readonly #kv: KvBudget;
+  readonly #spec: SpeculationPolicy;
   #inflight: Submission<Sequence>[] = [];
   /** The next decode submission, encoded ahead but not submitted (see {@linkcode #run}). */
   #held?: Submission<Sequence>;
@@ -50,6 +54,7 @@ export class Loop {
     this.#runner = parts.runner;
     this.#sched = parts.scheduler;
     this.#sessions = parts.sessions;
+    this.#spec = parts.speculation;
     this.#kv = poolBudget(parts.sessions.kv.blocks, parts.sessions.table);
   }
 
@@ -216,6 +221,7 @@ export class Loop {
       tokens: ids,
       sampling: seq.sampling,
       seed: seq.seed,
+      specCap: this.#spec.cap(seq.spec),
     });
     this.#runner.prefill(
       seq.slot,
@@ -238,7 +244,12 @@ export class Loop {
   #encodeDecode(): Submission<Sequence> {
     const live = this.#sched.live();
     const withTop = live.some((s) => s && s.topLogprobs > 0);
-    return this.#runner.decode(live, this.#sched.decodeSteps(live), withTop);
+    const width = live.findLastIndex(Boolean) + 1;
+    const plain = this.#pacer.estimate(`decode ${width}`);
+    const verify = this.#pacer.estimate(`verify ${width}`);
+    const cost = plain && verify ? verify / plain : undefined;
+    const speculate = this.#spec.speculate(live.flatMap((s) => s ? [s.spec] : []), cost);
+    return this.#runner.decode(live, this.#sched.decodeSteps(live), { withTop, speculate });
   }
 
   /** Submits the held decode submission and books its steps. */
@@ -272,10 +283,19 @@ export class Loop {
 
   /** Hands a finished submission's tokens to their sequences. */
   #process(sub: Submission<Sequence>): void {
-    sub.read((seq, token, logprob, alts) => {
-      seq.accept(token, logprob, alts);
-      if (seq.finished) this.#finish(seq);
-    }, (seq) => (seq.gpuDone = true));
+    sub.read(
+      (seq, token, logprob, alts) => {
+        seq.accept(token, logprob, alts);
+        if (seq.finished) this.#finish(seq);
+      },
+      (seq) => (seq.gpuDone = true),
+      (seq, step) => {
+        const before = this.#spec.cap(seq.spec);
+        this.#spec.record(seq.spec, step.drafted, step.accepted);
+        const after = this.#spec.cap(seq.spec);
+        if (after !== before && seq.slot >= 0) this.#runner.setSpecCap(seq.slot, after);
+      },
+    );
   }
 
   /**

@@ -14,6 +14,7 @@ import type { SequenceBlocks } from "../kv/blocks.ts";
 import type { TextTokenizer } from "../model/tokenizer.ts";
 import { Channel } from "./channel.ts";
 import { StopMatcher } from "../model/stop.ts";
+import { newSpecStats, type SpecStats } from "./speculation.ts";
 
 /** What {@linkcode Sequence} needs from the engine. */
 export interface SequenceInit {
@@ -31,6 +32,8 @@ export interface SequenceInit {
    * the last token arrives (`--kv-sync`).
    */
   durable?: boolean;
+  /** The engine speculates and the request allows it (`"speculation": false` opts out). */
+  speculate?: boolean;
 }
 
 /** Draws a random u64 seed. */
@@ -45,6 +48,8 @@ export class Sequence {
   readonly sampling: SamplingOptions;
   readonly blocks: SequenceBlocks;
   readonly seed: bigint;
+  /** Its speculation: drafts proposed and accepted, and the breaker's state. */
+  readonly spec: SpecStats;
   readonly generation: Generation;
   readonly promptIds: number[];
   /** Batch slot while admitted, else -1. */
@@ -75,6 +80,7 @@ export class Sequence {
     this.request = init.request;
     this.sampling = init.request.sampling;
     this.blocks = init.blocks;
+    this.spec = newSpecStats(init.speculate ?? false);
     this.promptIds = init.request.promptIds;
     this.seed = this.sampling.seed ?? randomSeed();
     this.#tokenizer = init.tokenizer;
@@ -200,6 +206,15 @@ export class Sequence {
       cachedTokens: this.#cached,
       seed: this.seed,
       ttftMs: this.#ttft,
+      ...(this.spec.steps > 0
+        ? {
+          speculation: {
+            steps: this.spec.steps,
+            drafted: this.spec.drafted,
+            accepted: this.spec.accepted,
+          },
+        }
+        : {}),
     };
     if (this.#durable) this.#held = result;
     else this.#resolve(result);

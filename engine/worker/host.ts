@@ -237,6 +237,7 @@ export class WorkerEngine implements EngineLike {
         sampling: request.sampling,
         sessionId,
         tenant: request.tenant,
+        speculation: request.speculation,
       } satisfies ToWorker,
     );
     const cancel = () => {

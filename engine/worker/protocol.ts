@@ -74,6 +74,7 @@ export type ToWorker =
     sampling: SamplingOptions;
     sessionId?: string;
     tenant?: string;
+    speculation?: boolean;
   }
   | { t: "cancel"; id: number }
   | { t: "call"; rid: number; method: CallMethod; args: unknown[] }

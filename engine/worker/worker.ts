@@ -86,6 +86,7 @@ function generate(e: Engine, m: Extract<ToWorker, { t: "generate" }>): void {
         sampling: m.sampling,
         sessionId: m.sessionId,
         tenant: m.tenant,
+        speculation: m.speculation,
       },
       (ev) => {
         const list = tokens.get(id);

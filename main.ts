@@ -23,10 +23,11 @@ const USAGE = `usage:
                    [--allowed-hosts HOSTS] [--max-body-bytes N] [--max-connections N]
                    [--header-timeout S] [--idle-timeout S] [--body-timeout S]
                    [--kv-dtype f32|f16] [--kv-blocks N] [--kv-cold DIR] [--kv-warm-mb N]
-                   [--kv-sync]
+                   [--kv-sync] [--speculate off|auto]
   main.ts generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
                    [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
                    [--stop STR] [--chat] [--json] [--kv-dtype f32|f16] [--context-length N]
+                   [--speculate off|auto]
 --kv PATH keeps sessions (tokens and KV blocks) in Deno KV at PATH across restarts.
 --kv-sync: a session's turn ends (its last SSE chunk, JSON response or WebSocket "done") only
 once its snapshot is committed to the store, so an answered turn survives a crash; without it the
@@ -34,6 +35,8 @@ snapshot lands shortly after, and the response's session.persisted_at_ms is null
 --kv-warm-mb N: packed KV blocks Deno KV keeps (default 512); past that, the least recently
 updated sessions' blocks move to files in --kv-cold DIR (default PATH.cold; for a remote KV URL,
 none unless given: its blocks then all stay in it).
+--speculate auto (default) drafts tokens from each sequence's own text and verifies them in one
+pass where that is faster (the tokens are exactly those of plain decoding); off never does.
 --kv-dtype f16 holds the KV cache in half the memory (K and V rounded to f16); default f32.
 --kv-blocks N sizes the GPU KV pool in 16-token blocks (default 4096 f32 blocks' worth of memory,
 at most what one binding holds).
@@ -47,7 +50,7 @@ Environment: STRATA_MODEL, HOST, PORT, STRATA_API_KEY, STRATA_API_KEYS (comma-se
 STRATA_KV, STRATA_CORS, STRATA_ALLOWED_HOSTS, STRATA_MAX_SLOTS, STRATA_MAX_QUEUED,
 STRATA_CONTEXT_LENGTH, STRATA_MAX_BODY_BYTES, STRATA_MAX_CONNECTIONS, STRATA_HEADER_TIMEOUT,
 STRATA_IDLE_TIMEOUT, STRATA_BODY_TIMEOUT, STRATA_KV_DTYPE, STRATA_KV_BLOCKS, STRATA_KV_COLD,
-STRATA_KV_WARM_MB, STRATA_KV_SYNC (1 or 0)`;
+STRATA_KV_WARM_MB, STRATA_KV_SYNC (1 or 0), STRATA_SPECULATE`;
 
 function int(name: string, v: string | undefined, fallback: number): number {
   if (v === undefined) return fallback;
@@ -68,6 +71,13 @@ function seconds(name: string, v: string | undefined, fallback: number): number 
   const s = num(name, v, fallback);
   if (!(s > 0)) throw new Error(`--${name} must be a number of seconds > 0; got '${v}'`);
   return s * 1000;
+}
+
+/** `--speculate off|auto` (default auto: speculate where it pays; the tokens are the same). */
+function speculateFlag(v: string | undefined): "off" | "auto" {
+  if (v === undefined) return "auto";
+  if (v !== "off" && v !== "auto") throw new Error(`--speculate must be off or auto; got '${v}'`);
+  return v;
 }
 
 /** A comma-separated list, empty items dropped; undefined when absent. */
@@ -93,8 +103,11 @@ async function generate(args: string[]): Promise<void> {
       json: { type: "boolean" },
       "kv-dtype": { type: "string" },
       "context-length": { type: "string" },
+      speculate: { type: "string" },
+      help: { type: "boolean" },
     },
   });
+  if (v.help) return console.log(USAGE);
   if ((v.prompt === undefined) === (v["prompt-ids"] === undefined)) {
     throw new Error("give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
   }
@@ -104,6 +117,7 @@ async function generate(args: string[]): Promise<void> {
     contextLength: v["context-length"] !== undefined
       ? int("context-length", v["context-length"], 0)
       : undefined,
+    speculate: speculateFlag(v.speculate ?? (Deno.env.get("STRATA_SPECULATE") || undefined)),
   });
   status(`model ${engine.modelId} on ${engine.adapterName}`);
   const promptIds = v["prompt-ids"] !== undefined
@@ -143,6 +157,7 @@ async function generate(args: string[]): Promise<void> {
       finish_reason: r.finishReason,
       seed: r.seed.toString(),
       ttft_ms: r.ttftMs,
+      speculation: r.speculation ?? { steps: 0, drafted: 0, accepted: 0 },
     }));
   } else {
     console.log();
@@ -174,8 +189,11 @@ async function serve(args: string[]): Promise<void> {
       "kv-cold": { type: "string" },
       "kv-warm-mb": { type: "string" },
       "kv-sync": { type: "boolean" },
+      speculate: { type: "string" },
+      help: { type: "boolean" },
     },
   });
+  if (v.help) return console.log(USAGE);
   const env = (k: string) => Deno.env.get(k) || undefined;
   const kvPath = v.kv ?? env("STRATA_KV");
   const syncEnv = env("STRATA_KV_SYNC");
@@ -240,6 +258,7 @@ async function serve(args: string[]): Promise<void> {
     kvColdDir: kvCold,
     kvWarmBytes: warmMb * 2 ** 20,
     kvSync,
+    speculate: speculateFlag(v.speculate ?? env("STRATA_SPECULATE")),
     maxSlots: int("max-slots", v["max-slots"] ?? env("STRATA_MAX_SLOTS"), 16),
     maxQueued: int("max-queued", v["max-queued"] ?? env("STRATA_MAX_QUEUED"), 64),
     contextLength: v["context-length"] ?? env("STRATA_CONTEXT_LENGTH")

@@ -105,6 +105,18 @@ export interface KvStats {
   snapshotBlocks: { copied: number; reused: number };
 }
 
+/** Speculative decoding's state, for /metrics and /health. */
+export interface SpeculationStats {
+  /** "off" (never), "auto" (when it pays) or "on" (always). */
+  mode: "off" | "auto" | "on";
+  /** Why the last decode submission was plain although speculation may run (else absent). */
+  pausedBecause?: string;
+  /** Verification steps (one per sequence per pass), drafts proposed, drafts accepted. */
+  steps: number;
+  drafted: number;
+  accepted: number;
+}
+
 /** The engine the server drives (implemented by `Engine` in engine/engine.ts). */
 export interface EngineLike {
   modelId: string;
@@ -138,6 +150,14 @@ export interface EngineLike {
   /** Sequences running now and waiting for admission. */
   occupancy(): { running: number; queued: number; maxRunning: number; maxQueued: number };
   kvStats(): KvStats;
+  speculationStats(): SpeculationStats;
+  /**
+   * Switches speculation at run time ("off" or "auto"; an engine built without verification
+   * rows stays off).
+   *
+   * @throws InvalidRequestError for another mode, or to turn on an engine that cannot
+   */
+  setSpeculation(mode: "off" | "auto"): Promise<void>;
 }
 
 /**

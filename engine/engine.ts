@@ -13,9 +13,15 @@ import type {
   GenerationResult,
   KvStats,
   SessionInfo,
+  SpeculationStats,
   TokenEvent,
 } from "../api/types.ts";
-import { checkRequest, EngineBusyError, SessionBusyError } from "../api/errors.ts";
+import {
+  checkRequest,
+  EngineBusyError,
+  InvalidRequestError,
+  SessionBusyError,
+} from "../api/errors.ts";
 import { getGpu, type Gpu, isCpuAdapter } from "../gpu/device.ts";
 import { KV_BYTES, type KvDtype } from "../gpu/dtype.ts";
 import type { Dispatch } from "../gpu/dispatch.ts";
@@ -282,6 +288,28 @@ export class Engine implements EngineLike {
       fs: { used: stored.fs },
       snapshotBlocks: { copied: snap.blocksCopied, reused: snap.blocksReused },
     };
+  }
+
+  speculationStats(): SpeculationStats {
+    const p = this.#speculation;
+    return { mode: p.mode, ...(p.reason ? { pausedBecause: p.reason } : {}), ...p.totals };
+  }
+
+  setSpeculation(mode: "off" | "auto"): Promise<void> {
+    if (mode !== "off" && mode !== "auto") {
+      return Promise.reject(
+        new InvalidRequestError(
+          `mode must be "off" or "auto"; got ${JSON.stringify(mode)}`,
+          "mode",
+        ),
+      );
+    }
+    try {
+      this.#speculation.setMode(mode);
+    } catch (e) {
+      return Promise.reject(new InvalidRequestError((e as Error).message, "mode"));
+    }
+    return Promise.resolve();
   }
 
   session(id: string): SessionInfo | undefined {

@@ -19,6 +19,7 @@ import { createMetrics, metricsRoutes } from "./metrics.ts";
 import { modelsRoutes } from "./models.ts";
 import { sessionsRoutes } from "./sessions.ts";
 import { tokenizeRoutes } from "./tokenize.ts";
+import { speculationRoutes } from "./speculation.ts";
 import { auth } from "./tenants.ts";
 import { wsRoutes } from "./ws.ts";
 
@@ -119,6 +120,7 @@ export function createApp(engine: EngineLike, options: ServerOptions = {}): Hono
   app.route("/v1/chat/completions", chatRoutes(ctx));
   app.route(WS_PATH, wsRoutes(ctx));
   app.route("/v1/sessions", sessionsRoutes(engine));
+  app.route("/v1/speculation", speculationRoutes(engine));
   app.route("/v1/models", modelsRoutes(ctx));
   app.route("/v1", tokenizeRoutes(engine)); // /v1/tokenize, /v1/detokenize
   app.route("/health", healthRoutes(ctx));

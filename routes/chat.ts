@@ -44,6 +44,7 @@ export function chatRoutes(ctx: ServerContext): Hono {
     const prompts = [req.promptIds];
     const runs = startChoices(ctx, prompts, req.n, (j) => samplingFor(req, top, j), {
       sessionId: req.sessionId,
+      speculation: req.speculation,
       tenant: requestTenant(c),
       signal: abort.signal,
     });

@@ -55,6 +55,7 @@ export function completionsRoutes(ctx: ServerContext): Hono {
     const topLogprobs = req.logprobs ?? 0;
     const runs = startChoices(ctx, req.prompts, req.n, (j) => samplingFor(req, topLogprobs, j), {
       sessionId: req.sessionId,
+      speculation: req.speculation,
       tenant: requestTenant(c),
       signal: abort.signal,
     });

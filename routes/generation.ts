@@ -90,6 +90,8 @@ export interface RequestScope {
   sessionId?: string;
   /** The API key's tenant; undefined on a server without keys. */
   tenant?: string;
+  /** false: the request opts out of speculative decoding. */
+  speculation?: boolean;
 }
 
 /**
@@ -107,6 +109,7 @@ export function engineRequest(
     sampling,
     ...(sessionId === undefined ? {} : { sessionId: engineSessionId(tenant, sessionId) }),
     ...(tenant === undefined ? {} : { tenant }),
+    ...(scope.speculation === false ? { speculation: false } : {}),
   };
 }
 
@@ -208,11 +211,19 @@ export function usageOf(prompts: number[][], results: RunResult[]) {
   const prompt = prompts.reduce((s, p) => s + p.length, 0);
   const completion = results.reduce((s, r) => s + r.completionTokens, 0);
   const cached = results.reduce((s, r) => s + r.cachedTokens, 0);
+  // Speculation's drafts, in OpenAI's predicted-outputs fields: accepted drafts are tokens a
+  // verification step gave beyond its own; the text is the same either way.
+  const drafted = results.reduce((s, r) => s + (r.speculation?.drafted ?? 0), 0);
+  const accepted = results.reduce((s, r) => s + (r.speculation?.accepted ?? 0), 0);
   return {
     prompt_tokens: prompt,
     completion_tokens: completion,
     total_tokens: prompt + completion,
     prompt_tokens_details: { cached_tokens: cached },
+    completion_tokens_details: {
+      accepted_prediction_tokens: accepted,
+      rejected_prediction_tokens: drafted - accepted,
+    },
   };
 }
 

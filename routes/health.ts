@@ -1,6 +1,19 @@
 /** `GET /health`: liveness for load balancers, with the model, adapter, load and KV use. */
 import { Hono } from "hono";
+import type { SpeculationStats } from "../api/types.ts";
 import type { ServerContext } from "./context.ts";
+
+/** Speculation's state as JSON: the mode, why it paused, and the share of drafts accepted. */
+export function speculationJson(s: SpeculationStats) {
+  return {
+    mode: s.mode,
+    paused_because: s.pausedBecause ?? null,
+    steps: s.steps,
+    drafted: s.drafted,
+    accepted: s.accepted,
+    acceptance: s.drafted > 0 ? s.accepted / s.drafted : null,
+  };
+}
 
 /** The `/health` sub-app: 200 `{status: "ok", ...}`, or 503 `{status: "shutting_down"}`. */
 export function healthRoutes(ctx: ServerContext): Hono {
@@ -27,6 +40,7 @@ export function healthRoutes(ctx: ServerContext): Hono {
         kv: { used: kv.kv.used },
         fs: { used: kv.fs.used },
       },
+      speculation: speculationJson(engine.speculationStats()),
       uptime_s: Math.floor(Date.now() / 1000) - ctx.startedAt,
     }, shuttingDown ? 503 : 200);
   });

@@ -114,6 +114,41 @@ export function createMetrics(engine: EngineLike): ServerMetrics {
     ),
   );
   r.add(
+    new Counter(
+      "strata_speculation_tokens_total",
+      "Speculative decoding: drafts proposed and drafts accepted (tokens a step gave beyond its own).",
+      () => {
+        const s = engine.speculationStats();
+        return [
+          { labels: { kind: "drafted" }, value: s.drafted },
+          { labels: { kind: "accepted" }, value: s.accepted },
+        ];
+      },
+    ),
+  );
+  r.add(
+    new Counter(
+      "strata_speculation_steps_total",
+      "Verification steps, one per sequence per pass.",
+      () => [
+        { labels: {}, value: engine.speculationStats().steps },
+      ],
+    ),
+  );
+  r.add(
+    new Gauge(
+      "strata_speculation_mode",
+      "1 for the speculation mode in force (off, auto, on).",
+      () => {
+        const mode = engine.speculationStats().mode;
+        return (["off", "auto", "on"] as const).map((m) => ({
+          labels: { mode: m },
+          value: m === mode ? 1 : 0,
+        }));
+      },
+    ),
+  );
+  r.add(
     new Gauge("strata_websocket_connections", "Open WebSocket connections.", () => [
       { labels: {}, value: sockets.open },
     ]),

@@ -4,6 +4,7 @@
  */
 import type { EngineLike, SamplingOptions } from "../api/types.ts";
 import { ApiError, badRequest } from "./errors.ts";
+import { checkFields } from "./request_fields.ts";
 import {
   type Body,
   boolField,
@@ -32,6 +33,8 @@ export interface CommonRequest {
   stream: boolean;
   includeUsage: boolean;
   sessionId?: string;
+  /** false: no speculative decoding for this request (`"speculation": false`). */
+  speculation: boolean;
 }
 
 /** A parsed /v1/completions request. */
@@ -137,6 +140,7 @@ export function parseCommon(body: Body, sessionHeader?: string): CommonRequest {
     stream,
     includeUsage,
     sessionId,
+    speculation: boolField(body, "speculation", true),
   };
 }
 
@@ -219,6 +223,7 @@ export async function parseCompletion(
   body: Body,
   sessionHeader?: string,
 ): Promise<CompletionRequest> {
+  checkFields(body, "/v1/completions");
   checkModel(engine, body);
   if (!present(body, "prompt")) {
     throw badRequest("prompt", 'prompt is required, e.g. "prompt": "Once upon a time"');
@@ -330,7 +335,9 @@ export async function parseChat(
   engine: EngineLike,
   body: Body,
   sessionHeader?: string,
+  endpoint: "/v1/chat/completions" | "/v1/chat/ws" = "/v1/chat/completions",
 ): Promise<ChatRequest> {
+  checkFields(body, endpoint);
   checkModel(engine, body);
   const messages = parseMessages(body);
   const common = parseCommon(body, sessionHeader);

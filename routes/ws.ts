@@ -86,7 +86,7 @@ export function wsRoutes(ctx: ServerContext): Hono {
         starting.set(id, pending);
         let req;
         try {
-          req = await parseChat(engine, msg);
+          req = await parseChat(engine, msg, undefined, "/v1/chat/ws");
         } finally {
           starting.delete(id);
         }
@@ -95,7 +95,7 @@ export function wsRoutes(ctx: ServerContext): Hono {
         }
         if (req.n !== 1) throw badRequest("n", "n must be 1 over the WebSocket; start more ids");
         admit(ctx);
-        const scope = { sessionId: req.sessionId, tenant };
+        const scope = { sessionId: req.sessionId, tenant, speculation: req.speculation };
         const sampling = samplingFor(req, req.logprobs ? req.topLogprobs : 0, 0);
         const run = startScoped(ctx, engineRequest(req.promptIds, sampling, scope), scope);
         running.set(id, run);

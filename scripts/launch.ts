@@ -31,6 +31,7 @@ export const SERVE_ENV = [
   "STRATA_KV_COLD",
   "STRATA_KV_WARM_MB",
   "STRATA_KV_SYNC",
+  "STRATA_SPECULATE",
   "STRATA_KV_DTYPE",
   "STRATA_KV_BLOCKS",
   "STRATA_CORS",
@@ -47,7 +48,7 @@ export const SERVE_ENV = [
 ];
 
 /** The environment variables `main.ts generate` reads. */
-export const GENERATE_ENV = ["STRATA_MODEL", "STRATA_KV_DTYPE", "XDG_RUNTIME_DIR"];
+export const GENERATE_ENV = ["STRATA_MODEL", "STRATA_KV_DTYPE", "STRATA_SPECULATE", "XDG_RUNTIME_DIR"];
 
 /** A host as `--allow-net` wants it (IPv6 addresses in brackets). */
 function netHost(host: string): string {

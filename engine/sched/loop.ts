@@ -245,10 +245,10 @@ export class Loop {
     const live = this.#sched.live();
     const withTop = live.some((s) => s && s.topLogprobs > 0);
     const width = live.findLastIndex(Boolean) + 1;
-    const plain = this.#pacer.estimate(`decode ${width}`);
-    const verify = this.#pacer.estimate(`verify ${width}`);
-    const cost = plain && verify ? verify / plain : undefined;
-    const speculate = this.#spec.speculate(live.flatMap((s) => s ? [s.spec] : []), cost);
+    const speculate = this.#spec.speculate(live.flatMap((s) => s ? [s.spec] : []), {
+      plain: this.#pacer.estimate(`decode ${width}`),
+      verify: this.#pacer.estimate(`verify ${width}`),
+    });
     return this.#runner.decode(live, this.#sched.decodeSteps(live), { withTop, speculate });
   }
 

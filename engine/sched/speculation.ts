@@ -50,6 +50,8 @@ const MARGIN = 1.02;
 /** The loop's speculation switch and breakers. */
 export class SpeculationPolicy {
   readonly #opts: SpeculationOptions;
+  /** Totals over every sequence: verification steps, drafts proposed and accepted. */
+  readonly totals = { steps: 0, drafted: 0, accepted: 0 };
   /** Submissions left before a batch that measured slower tries speculation again. */
   #pausedFor = 0;
   /** Why it is off, for /health (undefined while it may run). */
@@ -59,9 +61,27 @@ export class SpeculationPolicy {
     this.#opts = opts;
   }
 
-  /** Rows per slot of a verification pass (1 when the engine never speculates). */
+  /** Rows per slot of a verification pass (1 when it does not speculate now). */
   get rows(): number {
     return this.#opts.mode === "off" ? 1 : this.#opts.rows;
+  }
+
+  get mode(): SpeculationOptions["mode"] {
+    return this.#opts.mode;
+  }
+
+  /**
+   * Switches the mode at run time.
+   *
+   * @throws Error when asked to speculate without verification rows (an engine built "off")
+   */
+  setMode(mode: SpeculationOptions["mode"]): void {
+    if (mode !== "off" && this.#opts.rows < 2) {
+      throw new Error("this engine was started with --speculate off: restart it with auto");
+    }
+    this.#opts.mode = mode;
+    this.#pausedFor = 0;
+    this.reason = undefined;
   }
 
   /** The most drafts `stats`' sequence may take in its next step (0: none). */
@@ -71,11 +91,15 @@ export class SpeculationPolicy {
   }
 
   /**
-   * Whether the next decode submission of `live` is a verification pass. `cost` is the measured
-   * GPU time of a verification pass over that of a plain step at this width (undefined when
-   * either is not measured yet: then it tries).
+   * Whether the next decode submission of `live` is a verification pass. `times` are the
+   * measured GPU times per step of a plain step and of a verification pass at this width
+   * (undefined until measured): an unmeasured plain step goes first, then an unmeasured
+   * verification pass, then the cheaper per token wins.
    */
-  speculate(live: readonly SpecStats[], cost: number | undefined): boolean {
+  speculate(
+    live: readonly SpecStats[],
+    times: { plain?: number; verify?: number } = {},
+  ): boolean {
     const mode = this.#opts.mode;
     if (mode === "off" || this.rows < 2) return false;
     const drafting = live.filter((s) => this.cap(s) > 0);
@@ -85,7 +109,9 @@ export class SpeculationPolicy {
       this.#pausedFor--;
       return false;
     }
-    if (cost === undefined) return true;
+    if (times.plain === undefined) return false; // measure a plain step first
+    if (times.verify === undefined) return true;
+    const cost = times.verify / times.plain;
     // Expected tokens per step over the batch: plain gives 1 per live sequence.
     const gain = live.reduce((n, s) => n + (this.cap(s) > 0 ? s.gain : 1), 0) / live.length;
     if (gain >= cost * MARGIN) {
@@ -105,6 +131,9 @@ export class SpeculationPolicy {
     stats.steps++;
     stats.drafted += drafted;
     stats.accepted += accepted;
+    this.totals.steps++;
+    this.totals.drafted += drafted;
+    this.totals.accepted += accepted;
     stats.gain += RATE * (1 + accepted - stats.gain);
     if (this.#opts.mode === "auto" && stats.gain < SEQ_OFF) {
       stats.pausedFor = SEQ_PAUSE;

@@ -23,6 +23,7 @@ import type {
   GenerationResult,
   KvStats,
   SessionInfo,
+  SpeculationStats,
   TokenEvent,
 } from "../../api/types.ts";
 import { checkRequest, EngineBusyError, SessionBusyError } from "../../api/errors.ts";
@@ -182,6 +183,15 @@ export class WorkerEngine implements EngineLike {
 
   kvStats(): KvStats {
     return this.#state.kv;
+  }
+
+  speculationStats(): SpeculationStats {
+    return this.#state.speculation;
+  }
+
+  /** @throws InvalidRequestError as `Engine.setSpeculation` does */
+  async setSpeculation(mode: "off" | "auto"): Promise<void> {
+    await this.#call("setSpeculation", mode);
   }
 
   session(id: string): SessionInfo | undefined {

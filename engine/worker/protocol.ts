@@ -8,6 +8,7 @@ import type {
   KvStats,
   SamplingOptions,
   SessionInfo,
+  SpeculationStats,
   TokenEvent,
 } from "../../api/types.ts";
 import {
@@ -38,6 +39,7 @@ export interface WorkerEngineOptions extends Omit<EngineOptions, "gpu" | "store"
 export interface WorkerState {
   running: number;
   kv: KvStats;
+  speculation: SpeculationStats;
 }
 
 /** What the worker reports once the model is loaded. */
@@ -62,7 +64,7 @@ export interface WireError {
 }
 
 /** Requests this thread can make of the worker beyond generating. */
-export type CallMethod = "deleteSession" | "flushSnapshots" | "hostStats";
+export type CallMethod = "deleteSession" | "flushSnapshots" | "hostStats" | "setSpeculation";
 
 /** Messages to the worker. */
 export type ToWorker =

@@ -35,7 +35,7 @@ function post(m: FromWorker): void {
 }
 
 function state(e: Engine): WorkerState {
-  return { running: e.occupancy().running, kv: e.kvStats() };
+  return { running: e.occupancy().running, kv: e.kvStats(), speculation: e.speculationStats() };
 }
 
 /** Sends what piled up at the end of the current microtask. */
@@ -115,8 +115,11 @@ async function call(e: Engine, m: Extract<ToWorker, { t: "call" }>): Promise<voi
       ? await e.deleteSession(m.args[0] as string)
       : m.method === "flushSnapshots"
       ? await e.flushSnapshots()
+      : m.method === "setSpeculation"
+      ? await e.setSpeculation(m.args[0] as "off" | "auto")
       : e.hostStats();
-    if (m.method === "deleteSession") flush(); // the mirror forgets it before the reply lands
+    // The mirror forgets the session, or sees the new mode, before the reply lands.
+    if (m.method === "deleteSession" || m.method === "setSpeculation") flush();
     post({ t: "reply", rid: m.rid, value });
   } catch (err) {
     post({ t: "reply", rid: m.rid, error: toWire(err) });

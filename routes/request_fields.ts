@@ -1,0 +1,74 @@
+/**
+ * Which fields a generation request may carry. A field we accept does what it says; OpenAI
+ * fields strata does not implement are refused with a 400 that names them and says what to do
+ * instead, and so is any other field (a typo must not be silently ignored).
+ */
+import { badRequest } from "./errors.ts";
+import type { Body } from "./fields.ts";
+
+/** Fields both generation endpoints (and the WebSocket's `start`) take. */
+const COMMON = [
+  "model",
+  "max_tokens",
+  "max_completion_tokens",
+  "temperature",
+  "top_p",
+  "top_k",
+  "min_p",
+  "presence_penalty",
+  "frequency_penalty",
+  "repetition_penalty",
+  "n",
+  "seed",
+  "stream",
+  "stream_options",
+  "stop",
+  "user",
+  "logprobs",
+  "session_id",
+  "speculation",
+];
+
+/** The fields each endpoint takes. */
+export const REQUEST_FIELDS = {
+  "/v1/completions": [...COMMON, "prompt", "echo", "best_of", "suffix"],
+  "/v1/chat/completions": [...COMMON, "messages", "top_logprobs"],
+  "/v1/chat/ws": [...COMMON, "messages", "top_logprobs", "type", "id"],
+} as const;
+
+/** OpenAI fields strata does not implement, and what to do instead. */
+const NOT_IMPLEMENTED: Record<string, string> = {
+  response_format: "structured output is not implemented yet; ask for JSON in the prompt",
+  tools: "tool calls are not implemented yet; describe the tools in the prompt",
+  tool_choice: "tool calls are not implemented yet; leave tool_choice out",
+  parallel_tool_calls: "tool calls are not implemented yet; leave parallel_tool_calls out",
+  functions: "function calls are not implemented; leave functions out",
+  function_call: "function calls are not implemented; leave function_call out",
+  logit_bias: "logit_bias is not implemented yet; leave it out",
+  prediction: "predicted outputs are not taken; strata drafts from the text itself (speculation)",
+  audio: "audio output is not supported; leave audio out",
+  modalities: "strata generates text only; leave modalities out",
+  store: "strata stores no completions; leave store out (sessions keep a conversation's KV)",
+  metadata: "strata stores no completions, so it keeps no metadata; leave it out",
+  service_tier: "strata has one service tier; leave service_tier out",
+  reasoning_effort: "strata's models do not reason in hidden tokens; leave reasoning_effort out",
+  web_search_options: "strata does not search the web; leave web_search_options out",
+};
+
+/**
+ * Refuses a field `endpoint` does not take: 400 `unsupported_parameter` for an OpenAI field
+ * strata does not implement, `unknown_parameter` for any other.
+ */
+export function checkFields(body: Body, endpoint: keyof typeof REQUEST_FIELDS): void {
+  const known: readonly string[] = REQUEST_FIELDS[endpoint];
+  for (const key of Object.keys(body)) {
+    if (known.includes(key)) continue;
+    const why = NOT_IMPLEMENTED[key];
+    if (why) throw badRequest(key, `${key}: ${why}`, "unsupported_parameter");
+    throw badRequest(
+      key,
+      `unknown field "${key}" for ${endpoint}; see docs/api.md for the fields it takes`,
+      "unknown_parameter",
+    );
+  }
+}

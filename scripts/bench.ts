@@ -37,6 +37,7 @@ import {
   withDefaults,
 } from "./bench_options.ts";
 import { BenchProgress } from "./bench_progress.ts";
+import { speculationMain } from "./bench_speculation.ts";
 
 import type { BenchResult, Lag, SessionsResult, WorkerResult } from "./bench_result.ts";
 
@@ -417,6 +418,7 @@ export function promptMaker(vocab: number, len: number, seed = 0x5eed): () => nu
 
 /** The CLI: parses flags, runs the bench, prints the table, writes `--out`. */
 export async function main(args: string[]): Promise<void> {
+  if (args.includes("--speculate")) return await speculationMain(args);
   const flags = parseFlags(args);
   if (flags.help) return console.log(USAGE);
   const result = await runBench(flags.options);

@@ -48,7 +48,12 @@ export const SERVE_ENV = [
 ];
 
 /** The environment variables `main.ts generate` reads. */
-export const GENERATE_ENV = ["STRATA_MODEL", "STRATA_KV_DTYPE", "STRATA_SPECULATE", "XDG_RUNTIME_DIR"];
+export const GENERATE_ENV = [
+  "STRATA_MODEL",
+  "STRATA_KV_DTYPE",
+  "STRATA_SPECULATE",
+  "XDG_RUNTIME_DIR",
+];
 
 /** A host as `--allow-net` wants it (IPv6 addresses in brackets). */
 function netHost(host: string): string {

@@ -350,6 +350,19 @@ export class Engine implements EngineLike {
     return this.runner.profileDecodeStep(slots, context, k);
   }
 
+  /**
+   * The dispatches of one verification pass over slots [0, slots) at `context` keys, every row
+   * live, for timing; call {@linkcode profileDone} after. Only while idle.
+   */
+  profileVerifyStep(slots: number, context: number, k = 0): Dispatch[] {
+    return this.runner.profileVerifyStep(slots, context, k);
+  }
+
+  /** Ends a profile of slots [0, slots): they are done again. */
+  profileDone(slots: number): void {
+    this.runner.profileDone(slots);
+  }
+
   /** The dispatches of one prefill chunk of `tokens` tokens, for timing (only while idle). */
   profilePrefill(tokens: number): Dispatch[] {
     return this.runner.profilePrefill(tokens);

@@ -7,9 +7,8 @@
  *   speculates and by one that always verifies ("on"), and one that decides ("auto"): the
  *   tokens must be equal; acceptance, tokens per verification step and decode tok/s of each.
  * - **The cost of verifying k drafts on a big shape** (default tinyllama-1.1b, random weights):
- *   the step time of a verification pass of k + 1 rows against a plain step, k = 1..drafts, from
- *   generations of `--new-tokens` tokens (a pass computes every row whether drafts were found or
- *   not, so random weights cost what a trained model would).
+ *   the GPU time of a verification pass of k + 1 live rows against a plain step, k = 1..drafts,
+ *   eight steps at a time as a submission runs them (random weights cost what trained ones do).
  *
  * The combination: the speedup the acceptance of each kind would give at that cost,
  * tokens per step ÷ (verify step ÷ plain step). Table on stdout, progress on stderr, `--out` JSON.
@@ -23,6 +22,8 @@ import { Engine } from "../engine/engine.ts";
 import { status } from "../engine/model/progress.ts";
 import { syntheticModel } from "../engine/model/synthetic.ts";
 import { getGpu } from "../gpu/device.ts";
+import { type Dispatch, encode, run } from "../gpu/dispatch.ts";
+import { timePasses } from "../gpu/timing.ts";
 import { DEFAULT_MODEL } from "./bench_options.ts";
 
 export const SPEC_USAGE = `deno task bench --speculate: acceptance, tokens per step and tok/s of
@@ -33,6 +34,7 @@ speculative decoding against plain decoding, and the cost of a verification pass
                     "none" skips it, e.g. on a CPU adapter)
   --drafts N        drafts per verification step, k (default 4; the cost is measured for 1..k)
   --new-tokens N    tokens per generation (default 128)
+  (the cost: eight steps of batch 1 at 640 keys, timed on the GPU, plain against k + 1 rows)
   --out FILE        write the results as JSON
   --help            this text`;
 
@@ -134,28 +136,39 @@ export async function runSpeculationBench(o: SpeculationBenchOptions = {}) {
   return { adapter: gpu.adapterName, model, drafts, new_tokens: newTokens, kinds, cost, combined };
 }
 
-/** Milliseconds per step, plain and verifying k = 1..drafts drafts, on `model`. */
+/**
+ * Milliseconds per step, plain and verifying k = 1..drafts drafts, on `model`, at batch 1 and a
+ * context of 640 keys: eight steps encoded as a submission encodes them, timed on the GPU
+ * (timestamp queries; the wall clock around a whole submission where the adapter has none).
+ */
 async function verifyCost(
   gpu: Awaited<ReturnType<typeof getGpu>>,
   model: Awaited<ReturnType<typeof syntheticModel>>,
   o: { drafts: number; newTokens: number },
 ) {
-  const ids = Array.from({ length: 128 }, (_, i) => 1 + (i * 37) % 1000);
-  const s = sampling({ maxTokens: o.newTokens, stopAtEos: false });
-  const perStep = async (engine: Engine) => {
-    await decode(engine, ids, s); // warm
-    const before = engine.hostStats().steps;
-    const gen = engine.generate({ promptIds: ids, sampling: s });
-    let first = 0, n = 0;
-    for await (const _ of gen) if (n++ === 0) first = performance.now();
-    const steps = engine.hostStats().steps - before - 1; // the prefill's step gave the first
-    return (performance.now() - first) / Math.max(1, steps);
+  const context = 640, steps = 8;
+  const time = async (engine: Engine, build: (k: number) => Dispatch[]) => {
+    const all = Array.from({ length: steps }, (_, k) => build(k)).flat();
+    const body = (pass: GPUComputePassEncoder) => encode(pass, all);
+    const runs: number[] = [];
+    for (let i = 0; i < 6; i++) {
+      if (gpu.hasTimestamps) runs.push((await timePasses(gpu, [body]))[0] / 1e6 / steps);
+      else {
+        const t = performance.now();
+        await run(gpu, all);
+        runs.push((performance.now() - t) / steps);
+      }
+    }
+    engine.profileDone(1);
+    return runs.sort((a, b) => a - b)[runs.length >> 1]; // median, the first run warms
   };
   const opts = { gpu, maxSlots: 1, contextLength: 1024 };
-  const plain = await perStep(Engine.create(gpu, model, opts));
+  const plainEngine = Engine.create(gpu, model, opts);
+  const plain = await time(plainEngine, (k) => plainEngine.profileDecodeStep(1, context, k));
   const out = [];
   for (let k = 1; k <= o.drafts; k++) {
-    const v = await perStep(Engine.create(gpu, model, { ...opts, speculate: "on", drafts: k }));
+    const e = Engine.create(gpu, model, { ...opts, speculate: "on", drafts: k });
+    const v = await time(e, (j) => e.profileVerifyStep(1, context, j));
     out.push({ k, plain_ms: plain, verify_ms: v, ratio: v / plain });
   }
   return out;

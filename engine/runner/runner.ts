@@ -227,6 +227,32 @@ export class Runner<T extends SlotOccupant> {
   }
 
   /**
+   * The dispatches of one verification pass over slots [0, slots) with every row live, for
+   * timing: each slot running at `context` keys with a history that repeats, so it drafts its
+   * full depth. Only while nothing runs; {@linkcode profileDone} puts the slots back to done.
+   *
+   * @throws Error when the runner has no verification rows
+   */
+  profileVerifyStep(slots: number, context: number, k = 0): Dispatch[] {
+    const sp = this.#slots.spec, R = this.layout.rows, H = this.layout.shape.contextLength;
+    if (!sp) throw new Error("this engine was built without speculation (--speculate off)");
+    const q = this.gpu.device.queue;
+    const state = slotStateWords({ done: false, remaining: 1e6, stopAtEos: false, depth: R - 1 });
+    for (let s = 0; s < slots; s++) {
+      q.writeBuffer(this.#slots.step.slotState, s * SLOT_STATE_BYTES, state);
+      q.writeBuffer(sp.hist, s * H * 4, Uint32Array.from({ length: H }, (_, i) => 1 + (i % 9)));
+      this.setSpecCap(s, R - 1);
+    }
+    q.writeBuffer(this.#slots.step.seqLen, 0, new Uint32Array(slots).fill(context));
+    return this.forward.verifyStep(slots, R, 0, k, false);
+  }
+
+  /** Puts slots [0, slots) back to done after profiling. */
+  profileDone(slots: number): void {
+    for (let s = 0; s < slots; s++) this.stop(s);
+  }
+
+  /**
    * The dispatches of one prefill chunk of `tokens` tokens at position 0 of slot 0 (inputs
    * written), for timing. Slot 0's block table is pointed at the trash block first, so the
    * chunk's KV writes land where no request reads (the next admission rewrites the table): run

@@ -47,6 +47,8 @@ export class Loop {
   /** Ends the loop's current yield to the event loop early (see {@linkcode #yield}). */
   #wake?: () => void;
   #host: HostStats = { submissions: 0, steps: 0, ms: 0, pacedMs: 0, prefillPeak: 0 };
+  /** Host time to encode and submit one step, by kind of work (ms; a moving average). */
+  readonly #hostMs = new Map<string, number>();
   /** GPU-time estimates: how long the loop may sleep before a readback. */
   readonly #pacer = new Pacer();
 
@@ -246,8 +248,8 @@ export class Loop {
     const withTop = live.some((s) => s && s.topLogprobs > 0);
     const width = live.findLastIndex(Boolean) + 1;
     const speculate = this.#spec.speculate(live.flatMap((s) => s ? [s.spec] : []), {
-      plain: this.#pacer.estimate(`decode ${width}`),
-      verify: this.#pacer.estimate(`verify ${width}`),
+      plain: this.#stepMs(`decode ${width}`),
+      verify: this.#stepMs(`verify ${width}`),
     });
     return this.#runner.decode(live, this.#sched.decodeSteps(live), { withTop, speculate });
   }
@@ -272,9 +274,23 @@ export class Loop {
     return this.#inflight.reduce((n, sub) => n + (sub.o.tokens ?? 0), 0);
   }
 
+  /**
+   * What a step of `work` costs: its GPU time (the pacer's) or the host's time to encode and
+   * submit it, whichever is longer — the loop overlaps the two, so the slower bounds the rate
+   * (for a small model the host's, where a verification pass's extra dispatches show).
+   */
+  #stepMs(work: string): number | undefined {
+    const gpu = this.#pacer.estimate(work);
+    return gpu === undefined ? undefined : Math.max(gpu, this.#hostMs.get(work) ?? 0);
+  }
+
   /** Submits `sub` and queues it for readback. */
   #commit(sub: Submission<Sequence>): void {
     sub.submit();
+    if (!sub.o.prefill && sub.o.steps > 0) {
+      const per = sub.hostMs / sub.o.steps, old = this.#hostMs.get(sub.work);
+      this.#hostMs.set(sub.work, old === undefined ? per : (old + per) / 2);
+    }
     this.#host.submissions++;
     this.#host.steps += sub.o.steps;
     this.#host.ms += sub.hostMs;

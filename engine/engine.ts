@@ -19,7 +19,8 @@ import { checkRequest, EngineBusyError, SessionBusyError } from "../api/errors.t
 import { getGpu, type Gpu, isCpuAdapter } from "../gpu/device.ts";
 import { KV_BYTES, type KvDtype } from "../gpu/dtype.ts";
 import type { Dispatch } from "../gpu/dispatch.ts";
-import { type ModelConfig, ropeInvFreq } from "./model/config.ts";
+import { configMask, type ModelConfig, ropeInvFreq } from "./model/config.ts";
+import { type AttentionMask, checkMask } from "../kernels/attention_mask.ts";
 import { loadModelFolder } from "./model/folder.ts";
 import type { GpuModel } from "./model/gpu_model.ts";
 import { TextTokenizer } from "./model/tokenizer.ts";
@@ -71,6 +72,14 @@ export interface EngineOptions {
    * `store`). Default false: the snapshot lands shortly after (`SessionInfo.persistedAt`).
    */
   kvSync?: boolean;
+  /**
+   * Streaming attention (docs/long_context.md): every query sees the first `sinks` tokens and
+   * the last `window` (itself included) instead of the model's mask, so a sequence runs on past
+   * what fits without prefilling again: the blocks behind the window go back to the pool as it
+   * moves (sequences without a session). Positions stay absolute (keys are stored rotated).
+   * Both integers ≥ 1; a window no wider than a Mistral model's own.
+   */
+  attentionSinks?: { sinks: number; window: number };
   gpu?: Gpu;
 }
 
@@ -82,7 +91,9 @@ const REGIONS = 8;
 const TOP_K = 20;
 
 /** The options {@linkcode Engine.create} settled on. */
-type Settled = Required<Omit<EngineOptions, "gpu" | "kvBlocks" | "store">>;
+type Settled =
+  & Required<Omit<EngineOptions, "gpu" | "kvBlocks" | "store" | "attentionSinks">>
+  & { mask: AttentionMask };
 
 /** A model on the GPU and the scheduler that serves it. */
 export class Engine implements EngineLike {
@@ -125,6 +136,7 @@ export class Engine implements EngineLike {
       runner: this.runner,
       scheduler: this.#sched,
       sessions: this.#sessions,
+      mask: opts.mask,
     });
   }
 
@@ -150,11 +162,8 @@ export class Engine implements EngineLike {
     const opts: Settled = {
       maxSlots: options.maxSlots ?? 16,
       maxQueued: options.maxQueued ?? 64,
-      // Within Mistral's sliding window full attention is exact, so cap the context there.
-      contextLength: Math.min(
-        options.contextLength ?? Math.min(cfg.maxPositions, 2048),
-        cfg.slidingWindow ?? Infinity,
-      ),
+      // The kernels apply the model's mask (a Mistral window), so the context may run past it.
+      contextLength: options.contextLength ?? Math.min(cfg.maxPositions, 2048),
       // A chunk fills the GPU's matmuls better the longer it is (docs/internals.md); on a CPU
       // adapter a chunk blocks the event loop until it finishes.
       maxChunk: options.maxChunk ?? (isCpuAdapter(gpu) ? 256 : 512),
@@ -164,7 +173,17 @@ export class Engine implements EngineLike {
       queueDepth: options.queueDepth ?? 2,
       kvDtype: options.kvDtype ?? "f32",
       kvSync: options.kvSync ?? false,
+      mask: engineMask(cfg, options.attentionSinks),
     };
+    if (cfg.ropeScaling?.type === "dynamic" && opts.contextLength > cfg.maxPositions) {
+      // Past it, dynamic NTK rotates each key for the length the sequence had when it was
+      // written, so KV would depend on how a prompt was split and could not be shared.
+      throw new Error(
+        `--context-length ${opts.contextLength} is past max_position_embeddings ` +
+          `(${cfg.maxPositions}) of a model with 'dynamic' rope_scaling; strata runs dynamic NTK ` +
+          `only up to it (plain RoPE there, as transformers); lower --context-length`,
+      );
+    }
     if (opts.kvSync && !options.store) {
       throw new Error("--kv-sync needs --kv PATH (the session store it waits for)");
     }
@@ -177,8 +196,10 @@ export class Engine implements EngineLike {
     ) {
       throw new Error(`--kv-blocks must be an integer >= 2; got ${options.kvBlocks}`);
     }
-    const numBlocks = Math.min(options.kvBlocks ?? budget, perPool);
     const need = Math.ceil(opts.contextLength / BLOCK) + 1;
+    // By default room for one whole context at least, where one binding holds it (a 128k
+    // TinyLlama context in f16 takes 8193 blocks).
+    const numBlocks = Math.min(options.kvBlocks ?? Math.max(budget, need), perPool);
     if (numBlocks < need) {
       throw new Error(
         `KV pool of ${numBlocks} blocks cannot hold one ${opts.contextLength}-token sequence; ` +
@@ -197,6 +218,7 @@ export class Engine implements EngineLike {
         regions: REGIONS,
         topK: TOP_K,
         specRows: 1,
+        mask: opts.mask,
       },
     });
     return new Engine(gpu, model, opts, { kv, runner, store: options.store });
@@ -393,3 +415,29 @@ export class Engine implements EngineLike {
 }
 
 export type { GenerationResult };
+
+/**
+ * The attention mask an engine runs: the streaming option's sinks + window, else the model's
+ * (causal, or a Mistral window).
+ *
+ * @throws Error naming the option when its values are not integers ≥ 1, or its window is wider
+ *   than the model's own.
+ */
+function engineMask(cfg: ModelConfig, sinks: EngineOptions["attentionSinks"]): AttentionMask {
+  if (!sinks) return configMask(cfg);
+  const mask = { kind: "sinks" as const, sinks: sinks.sinks, window: sinks.window };
+  try {
+    checkMask(mask);
+  } catch (e) {
+    throw new Error(
+      `attentionSinks: ${(e as Error).message.replace(/^attention mask sinks: /, "")}`,
+    );
+  }
+  if (cfg.slidingWindow !== undefined && sinks.window > cfg.slidingWindow) {
+    throw new Error(
+      `attentionSinks: window ${sinks.window} is wider than the model's sliding_window ` +
+        `(${cfg.slidingWindow})`,
+    );
+  }
+  return mask;
+}

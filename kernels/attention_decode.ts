@@ -247,14 +247,7 @@ export function attentionDecodeDispatches(
   if (!(layer >= 0 && layer < nLayers && maxBlocks >= 1)) {
     throw new Error(`internal error: decode attention layer ${layer} of ${nLayers}`);
   }
-  const { splits, rowGroups, threads } = decodePlan(opts);
-  const geo = attentionDecodeGeometry(gpu, {
-    headDim: D,
-    group,
-    maxBytes: opts.maxTileBytes,
-    minRowGroups: rowGroups,
-    threads,
-  });
+  const { splits, geo, main, combine } = decodePipelines(gpu, opts);
   const bytes = splits === 1 ? 0 : scratchBytes(opts, splits);
   if (bytes > gpu.maxBinding) {
     throw new Error(
@@ -268,20 +261,6 @@ export function attentionDecodeDispatches(
     throw new Error(`internal error: decode scratch has ${scratch.size} bytes, needs ${bytes}`);
   }
   const mask = opts.mask ?? CAUSAL;
-  const common = wgsl("attention_mask.wgsl") + wgsl("attention_decode_common.wgsl");
-  const prelude = wgsl("rope_common.wgsl") + KV_PRELUDE[opts.kvDtype ?? "f32"] + common;
-  const main = pipeline(gpu, "attention_decode.wgsl", {
-    constants: {
-      WG: geo.wg,
-      HD: D,
-      ROWS: geo.rows,
-      RPR: geo.rpr,
-      ...maskConstants(mask),
-      ...(opts.rowsPerSeq && opts.rowsPerSeq > 1 ? { SEQ_ROWS: opts.rowsPerSeq, WRITE_KV: 0 } : {}),
-    },
-    prelude,
-    unroll: opts.unroll,
-  });
   const scale = opts.scale ?? 1 / Math.sqrt(D);
   const u = uniform(
     gpu,
@@ -321,13 +300,7 @@ export function attentionDecodeDispatches(
     ]),
     workgroups: [splits, nKvHeads * geo.rowGroups, seqs],
   }];
-  if (scratch) {
-    const combine = pipeline(gpu, "attention_combine.wgsl", {
-      constants: { WG: geo.wg, HD: D, ...maskConstants(mask) },
-      prelude: common,
-      entryPoint: "combine",
-      unroll: opts.unroll,
-    });
+  if (scratch && combine) {
     dispatches.push({
       label: `${label} combine`,
       pipeline: combine,
@@ -346,4 +319,62 @@ export function attentionDecodeDispatches(
     });
   }
   return dispatches;
+}
+
+/** The pipelines of a decode launch (`combine` with splits), and the plan and geometry behind them. */
+interface DecodePipelines {
+  splits: number;
+  geo: AttentionDecodeGeometry;
+  main: GPUComputePipeline;
+  combine?: GPUComputePipeline;
+}
+
+/** Plans a launch and compiles (or takes from the cache) its pipelines. */
+function decodePipelines(gpu: Gpu, opts: DecodeWarmOptions): DecodePipelines {
+  const { headDim: D } = opts;
+  const { splits, rowGroups, threads } = decodePlan(opts);
+  const geo = attentionDecodeGeometry(gpu, {
+    headDim: D,
+    group: opts.nHeads / opts.nKvHeads,
+    maxBytes: opts.maxTileBytes,
+    minRowGroups: rowGroups,
+    threads,
+  });
+  const mask = opts.mask ?? CAUSAL;
+  const common = wgsl("attention_mask.wgsl") + wgsl("attention_decode_common.wgsl");
+  const prelude = wgsl("rope_common.wgsl") + KV_PRELUDE[opts.kvDtype ?? "f32"] + common;
+  const rows = opts.rowsPerSeq && opts.rowsPerSeq > 1;
+  const main = pipeline(gpu, "attention_decode.wgsl", {
+    constants: {
+      WG: geo.wg,
+      HD: D,
+      ROWS: geo.rows,
+      RPR: geo.rpr,
+      ...maskConstants(mask),
+      ...(rows ? { SEQ_ROWS: opts.rowsPerSeq!, WRITE_KV: 0 } : {}),
+    },
+    prelude,
+    unroll: opts.unroll,
+  });
+  const combine = splits === 1 ? undefined : pipeline(gpu, "attention_combine.wgsl", {
+    constants: { WG: geo.wg, HD: D, ...maskConstants(mask) },
+    prelude: common,
+    entryPoint: "combine",
+    unroll: opts.unroll,
+  });
+  return { splits, geo, main, combine };
+}
+
+/** What {@linkcode warmAttentionDecode} compiles for: a launch's shape, without its layer. */
+export type DecodeWarmOptions = Omit<AttentionDecodeOptions, "layer" | "nLayers" | "maxBlocks">;
+
+/**
+ * Compiles the pipelines {@linkcode attentionDecodeDispatches} would use for `opts` (they are
+ * cached per device), so that a launch built later, e.g. for a longer length bucket, finds
+ * them: an engine compiles every bucket's at load, not on the first long request.
+ *
+ * @returns the plan's split count (1: a single pass, no `combine`)
+ */
+export function warmAttentionDecode(gpu: Gpu, opts: DecodeWarmOptions): number {
+  return decodePipelines(gpu, opts).splits;
 }

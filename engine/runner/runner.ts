@@ -7,6 +7,7 @@
  */
 import type { SamplingOptions } from "../../api/types.ts";
 import type { Gpu } from "../../gpu/device.ts";
+import type { AttentionMask } from "../../kernels/attention_mask.ts";
 import { type Dispatch, encode } from "../../gpu/dispatch.ts";
 import { ReadbackPool } from "../../gpu/readback.ts";
 import { packSampleParams, SAMPLE_PARAMS_BYTES, SEEN_BIT } from "../../kernels/sample.ts";
@@ -29,6 +30,8 @@ const READ = GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST;
 export interface RunnerOptions extends SlotShape {
   /** Tokens per prefill chunk. */
   maxChunk: number;
+  /** The attention mask compiled into the attention kernels (default causal). */
+  mask?: AttentionMask;
 }
 
 /** What a slot needs to know of the sequence admitted into it. */
@@ -65,6 +68,7 @@ export class Runner<T extends SlotOccupant> {
       slots: this.#slots,
       layout: this.layout,
       maxChunk: opts.maxChunk,
+      mask: opts.mask,
     });
     const readback = {
       ring: new ReadbackPool(gpu.device, this.layout.ringBytes(opts.maxSteps), 8),
@@ -163,12 +167,14 @@ export class Runner<T extends SlotOccupant> {
   /**
    * Encodes `steps` decode steps of every slot up to the last live one (not submitted). `live`
    * holds, by slot, the sequences still running: they receive their tokens when it is read.
+   * `keys`: the most keys a slot holds by the last step (picks decode attention's length
+   * bucket; default the context length, right for any).
    */
-  decode(live: (T | undefined)[], steps: number, withTop: boolean): Submission<T> {
+  decode(live: (T | undefined)[], steps: number, withTop: boolean, keys?: number): Submission<T> {
     const region = this.#nextRegion(), width = live.findLastIndex(Boolean) + 1;
     const dispatches: Dispatch[] = [];
     for (let k = 0; k < steps; k++) {
-      dispatches.push(...this.forward.decodeStep(width, region, k, withTop));
+      dispatches.push(...this.forward.decodeStep(width, region, k, withTop, keys));
     }
     return new Submission(this.#ctx, dispatches, { region, steps, slots: live, top: withTop });
   }
@@ -186,7 +192,7 @@ export class Runner<T extends SlotOccupant> {
   profileDecodeStep(slots: number, context: number, k = 0): Dispatch[] {
     const q = this.gpu.device.queue;
     q.writeBuffer(this.#slots.step.seqLen, 0, new Uint32Array(slots).fill(context));
-    return this.forward.decodeStep(slots, 0, k, false);
+    return this.forward.decodeStep(slots, 0, k, false, context);
   }
 
   /**

@@ -5,6 +5,8 @@
  * (engine/sched/pacer.ts), reads tokens back once per submission and hands them to their
  * sequences, and ends turns into their sessions.
  */
+import type { AttentionMask } from "../../kernels/attention_mask.ts";
+import { releaseDead } from "../kv/window.ts";
 import type { Runner } from "../runner/runner.ts";
 import type { Submission } from "../runner/submission.ts";
 import type { Sessions } from "../sessions/sessions.ts";
@@ -26,6 +28,11 @@ export interface LoopParts {
   runner: Runner<Sequence>;
   scheduler: Scheduler;
   sessions: Sessions;
+  /**
+   * The attention mask the runner's kernels apply (default causal): under a window, blocks behind
+   * it are released as sequences move on (engine/kv/window.ts).
+   */
+  mask?: AttentionMask;
 }
 
 /** The loop of one engine: started by {@linkcode kick}, it runs while there is work. */
@@ -34,6 +41,7 @@ export class Loop {
   readonly #sched: Scheduler;
   readonly #sessions: Sessions;
   readonly #kv: KvBudget;
+  readonly #mask?: AttentionMask;
   #inflight: Submission<Sequence>[] = [];
   /** The next decode submission, encoded ahead but not submitted (see {@linkcode #run}). */
   #held?: Submission<Sequence>;
@@ -51,6 +59,7 @@ export class Loop {
     this.#sched = parts.scheduler;
     this.#sessions = parts.sessions;
     this.#kv = poolBudget(parts.sessions.kv.blocks, parts.sessions.table);
+    if (parts.mask && parts.mask.kind !== "causal") this.#mask = parts.mask;
   }
 
   /** Whether the loop is running (it stops when no work is left). */
@@ -229,6 +238,17 @@ export class Loop {
     blocks.markComputed(ids.length);
     seq.prefillSubmitted = true;
     seq.stepsSubmitted = 1; // the prefill's last chunk samples the first token
+    this.#releaseDead(seq);
+  }
+
+  /**
+   * Under a window, gives back the blocks no query still to be submitted reads: every query
+   * before the sequence's last token is on the GPU (queue order protects those reads), and the
+   * ones to come sit at or after it. A session's blocks stay whole: its next turn may rewind.
+   */
+  #releaseDead(seq: Sequence): void {
+    if (!this.#mask || seq.slot < 0 || seq.request.sessionId !== undefined) return;
+    releaseDead(seq.blocks, this.#mask, seq.allTokens().length - 1);
   }
 
   /**
@@ -238,7 +258,12 @@ export class Loop {
   #encodeDecode(): Submission<Sequence> {
     const live = this.#sched.live();
     const withTop = live.some((s) => s && s.topLogprobs > 0);
-    return this.#runner.decode(live, this.#sched.decodeSteps(live), withTop);
+    const steps = this.#sched.decodeSteps(live);
+    // The most keys a slot can hold by the end of these steps: the launch plan's length bucket.
+    const keys = Math.max(
+      ...live.map((s) => (s ? s.blocks.tokens.length + s.stepsSubmitted + steps : 0)),
+    );
+    return this.#runner.decode(live, steps, withTop, keys);
   }
 
   /** Submits the held decode submission and books its steps. */
@@ -272,10 +297,13 @@ export class Loop {
 
   /** Hands a finished submission's tokens to their sequences. */
   #process(sub: Submission<Sequence>): void {
+    const moved = new Set<Sequence>();
     sub.read((seq, token, logprob, alts) => {
       seq.accept(token, logprob, alts);
       if (seq.finished) this.#finish(seq);
+      else if (this.#mask) moved.add(seq);
     }, (seq) => (seq.gpuDone = true));
+    for (const seq of moved) this.#releaseDead(seq);
   }
 
   /**

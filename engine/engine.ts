@@ -203,7 +203,10 @@ export class Engine implements EngineLike {
     if (numBlocks < need) {
       throw new Error(
         `KV pool of ${numBlocks} blocks cannot hold one ${opts.contextLength}-token sequence; ` +
-          `lower --context-length`,
+          `lower --context-length` +
+          (opts.kvDtype === "f32" && numBlocks === perPool
+            ? " or use --kv-dtype f16 (twice the tokens in one binding)"
+            : ""),
       );
     }
     const kv = new KvPool(gpu, cfg, { numBlocks, dtype: opts.kvDtype });

@@ -25,7 +25,8 @@ import {
 import { getGpu, type Gpu, isCpuAdapter } from "../gpu/device.ts";
 import { KV_BYTES, type KvDtype } from "../gpu/dtype.ts";
 import type { Dispatch } from "../gpu/dispatch.ts";
-import { type ModelConfig, ropeInvFreq } from "./model/config.ts";
+import { configMask, type ModelConfig, ropeInvFreq } from "./model/config.ts";
+import { type AttentionMask, checkMask } from "../kernels/attention_mask.ts";
 import { loadModelFolder } from "./model/folder.ts";
 import type { GpuModel } from "./model/gpu_model.ts";
 import { TextTokenizer } from "./model/tokenizer.ts";
@@ -87,6 +88,14 @@ export interface EngineOptions {
   speculate?: "off" | "auto" | "on";
   /** Drafts per verification step at most (default 4; rows per slot are one more). */
   drafts?: number;
+  /**
+   * Streaming attention (docs/long_context.md): every query sees the first `sinks` tokens and
+   * the last `window` (itself included) instead of the model's mask, so a sequence runs on past
+   * what fits without prefilling again: the blocks behind the window go back to the pool as it
+   * moves (sequences without a session). Positions stay absolute (keys are stored rotated).
+   * Both integers ≥ 1; a window no wider than a Mistral model's own.
+   */
+  attentionSinks?: { sinks: number; window: number };
   gpu?: Gpu;
 }
 
@@ -98,7 +107,9 @@ const REGIONS = 8;
 const TOP_K = 20;
 
 /** The options {@linkcode Engine.create} settled on. */
-type Settled = Required<Omit<EngineOptions, "gpu" | "kvBlocks" | "store">>;
+type Settled =
+  & Required<Omit<EngineOptions, "gpu" | "kvBlocks" | "store" | "attentionSinks">>
+  & { mask: AttentionMask };
 
 /** A model on the GPU and the scheduler that serves it. */
 export class Engine implements EngineLike {
@@ -144,6 +155,7 @@ export class Engine implements EngineLike {
       scheduler: this.#sched,
       sessions: this.#sessions,
       speculation: this.#speculation,
+      mask: opts.mask,
     });
   }
 
@@ -169,11 +181,8 @@ export class Engine implements EngineLike {
     const opts: Settled = {
       maxSlots: options.maxSlots ?? 16,
       maxQueued: options.maxQueued ?? 64,
-      // Within Mistral's sliding window full attention is exact, so cap the context there.
-      contextLength: Math.min(
-        options.contextLength ?? Math.min(cfg.maxPositions, 2048),
-        cfg.slidingWindow ?? Infinity,
-      ),
+      // The kernels apply the model's mask (a Mistral window), so the context may run past it.
+      contextLength: options.contextLength ?? Math.min(cfg.maxPositions, 2048),
       // A chunk fills the GPU's matmuls better the longer it is (docs/internals.md); on a CPU
       // adapter a chunk blocks the event loop until it finishes.
       maxChunk: options.maxChunk ?? (isCpuAdapter(gpu) ? 256 : 512),
@@ -185,13 +194,23 @@ export class Engine implements EngineLike {
       kvSync: options.kvSync ?? false,
       speculate: options.speculate ?? "off",
       drafts: options.drafts ?? 4,
+      mask: engineMask(cfg, options.attentionSinks),
     };
     if (!["off", "auto", "on"].includes(opts.speculate)) {
-      throw new Error(`--speculate must be off or auto; got '${opts.speculate}'`);
+      throw new Error(`--speculate must be off, auto or on; got '${opts.speculate}'`);
     }
     if (!(Number.isInteger(opts.drafts) && opts.drafts >= 1 && opts.drafts < MAX_SPEC_ROWS)) {
       throw new Error(
         `--drafts must be an integer from 1 to ${MAX_SPEC_ROWS - 1}; got ${opts.drafts}`,
+      );
+    }
+    if (cfg.ropeScaling?.type === "dynamic" && opts.contextLength > cfg.maxPositions) {
+      // Past it, dynamic NTK rotates each key for the length the sequence had when it was
+      // written, so KV would depend on how a prompt was split and could not be shared.
+      throw new Error(
+        `--context-length ${opts.contextLength} is past max_position_embeddings ` +
+          `(${cfg.maxPositions}) of a model with 'dynamic' rope_scaling; strata runs dynamic NTK ` +
+          `only up to it (plain RoPE there, as transformers); lower --context-length`,
       );
     }
     if (opts.kvSync && !options.store) {
@@ -206,12 +225,17 @@ export class Engine implements EngineLike {
     ) {
       throw new Error(`--kv-blocks must be an integer >= 2; got ${options.kvBlocks}`);
     }
-    const numBlocks = Math.min(options.kvBlocks ?? budget, perPool);
     const need = Math.ceil(opts.contextLength / BLOCK) + 1;
+    // By default room for one whole context at least, where one binding holds it (a 128k
+    // TinyLlama context in f16 takes 8193 blocks).
+    const numBlocks = Math.min(options.kvBlocks ?? Math.max(budget, need), perPool);
     if (numBlocks < need) {
       throw new Error(
         `KV pool of ${numBlocks} blocks cannot hold one ${opts.contextLength}-token sequence; ` +
-          `lower --context-length`,
+          `lower --context-length` +
+          (opts.kvDtype === "f32" && numBlocks === perPool
+            ? " or use --kv-dtype f16 (twice the tokens in one binding)"
+            : ""),
       );
     }
     const kv = new KvPool(gpu, cfg, { numBlocks, dtype: opts.kvDtype });
@@ -226,6 +250,7 @@ export class Engine implements EngineLike {
         regions: REGIONS,
         topK: TOP_K,
         specRows: opts.speculate === "off" ? 1 : opts.drafts + 1,
+        mask: opts.mask,
       },
     });
     return new Engine(gpu, model, opts, { kv, runner, store: options.store });
@@ -458,3 +483,29 @@ export class Engine implements EngineLike {
 }
 
 export type { GenerationResult };
+
+/**
+ * The attention mask an engine runs: the streaming option's sinks + window, else the model's
+ * (causal, or a Mistral window).
+ *
+ * @throws Error naming the option when its values are not integers ≥ 1, or its window is wider
+ *   than the model's own.
+ */
+function engineMask(cfg: ModelConfig, sinks: EngineOptions["attentionSinks"]): AttentionMask {
+  if (!sinks) return configMask(cfg);
+  const mask = { kind: "sinks" as const, sinks: sinks.sinks, window: sinks.window };
+  try {
+    checkMask(mask);
+  } catch (e) {
+    throw new Error(
+      `attentionSinks: ${(e as Error).message.replace(/^attention mask sinks: /, "")}`,
+    );
+  }
+  if (cfg.slidingWindow !== undefined && sinks.window > cfg.slidingWindow) {
+    throw new Error(
+      `attentionSinks: window ${sinks.window} is wider than the model's sliding_window ` +
+        `(${cfg.slidingWindow})`,
+    );
+  }
+  return mask;
+}

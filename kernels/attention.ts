@@ -1,6 +1,7 @@
 /**
- * Causal prefill attention over the paged KV cache: FlashAttention-2's loop with 4x4
- * register-blocked scores and outputs. See kernels/attention.wgsl for the kernel and why it
+ * Prefill attention over the paged KV cache, causal or under a compiled-in mask
+ * (kernels/attention_mask.ts): FlashAttention-2's loop with 4x4 register-blocked scores and
+ * outputs, visiting only the key tiles the mask lets its rows see. See kernels/attention.wgsl for the kernel and why it
  * looks this way; this file picks the tile (rows per workgroup, keys per tile, threads) and
  * builds the dispatch.
  *
@@ -11,7 +12,8 @@
 import type { KvDtype } from "../gpu/dtype.ts";
 import { type Gpu, isCpuAdapter } from "../gpu/device.ts";
 import { bindGroup, type Dispatch, params, uniform } from "../gpu/dispatch.ts";
-import { pipeline } from "./pipeline.ts";
+import { pipeline, wgsl } from "./pipeline.ts";
+import { type AttentionMask, CAUSAL, maskConstants, maskLabel } from "./attention_mask.ts";
 
 const BLOCK = 16;
 /** Most threads per workgroup (WebGPU's default `maxComputeInvocationsPerWorkgroup`). */
@@ -203,13 +205,17 @@ export interface AttentionOptions {
   kvDtype?: KvDtype;
   /** Expand the kernel's `// @unroll` loops (default true; false to measure the plain loops). */
   unroll?: boolean;
+  /** Which keys a query sees (default causal), compiled into the pipeline. */
+  mask?: AttentionMask;
 }
 
 /**
- * Builds causal attention for one sequence's chunk, as `chunk` says when it runs: query i
- * (position `pos0 + i`, i < its `tokens`) attends keys `0..pos0+i` of slot `slot`, read through
- * the block table, GQA head `h → h / (Hq / Hkv)`. Writes `out[tokenOffset + i, h, :]`. One
- * workgroup per (tile of rows, kv head). The caller keeps `pos0 + tokens` within the table.
+ * Builds attention for one sequence's chunk, as `chunk` says when it runs: query i (position
+ * `pos0 + i`, i < its `tokens`) attends the keys of `0..pos0+i` of slot `slot` that `mask`
+ * lets it see, read through the block table, GQA head `h → h / (Hq / Hkv)`. Writes
+ * `out[tokenOffset + i, h, :]`. One workgroup per (tile of rows, kv head); a workgroup reads only
+ * the tiles its rows can see, so table entries (and blocks) below every row's window are never
+ * read. The caller keeps `pos0 + tokens` within the table.
  *
  * @throws Error ("internal error") on shapes that do not fit (odd heads, layer past the model,
  *   head dim too large for workgroup memory).
@@ -253,8 +259,17 @@ export function attentionDispatch(
   }
   const scale = opts.scale ?? 1 / Math.sqrt(D);
   const kv16 = opts.kvDtype === "f16";
+  const mask = opts.mask ?? CAUSAL;
   const pipe = pipeline(gpu, "attention.wgsl", {
-    constants: { WG: tile.wg, HD: D, BR: tile.rows, BC: tile.keys, KV16: kv16 ? 1 : 0 },
+    constants: {
+      WG: tile.wg,
+      HD: D,
+      BR: tile.rows,
+      BC: tile.keys,
+      KV16: kv16 ? 1 : 0,
+      ...maskConstants(mask),
+    },
+    prelude: wgsl("attention_mask.wgsl"),
     unroll: opts.unroll,
   });
   const u = uniform(
@@ -273,7 +288,7 @@ export function attentionDispatch(
   const b = buffers;
   return {
     label: `attention T≤${tokens} ${nHeads}/${nKvHeads}x${D}${kv16 ? " kv f16" : ""} ` +
-      `L${layer} ` +
+      `L${layer} ${mask.kind === "causal" ? "" : `${maskLabel(mask)} `}` +
       `tile ${tile.rows}x${tile.keys}/${tile.wg}`,
     pipeline: pipe,
     bindGroup: bindGroup(gpu, pipe, [u, b.q, b.kPool, b.vPool, b.blockTable, b.out, b.chunk]),

@@ -12,10 +12,13 @@
 // Rows: the T queries of the sequence times the G = n_heads / n_kv_heads q heads that share a kv
 // head (GQA), row = t * G + g. A workgroup takes BR consecutive rows of one kv head (grid:
 // x = row tile, the last rows, which see the most keys, first; y = kv head), so every K/V tile
-// it loads serves all of them. Query t sits at position pos0 + t and sees keys 0 ..= pos0 + t
-// (keys before pos0 are cached from earlier steps). The workgroup walks tiles of BC keys up to
-// its last row's position: tiles wholly above the causal diagonal are never visited, and only
-// tiles that cross it (or the sequence end) are masked.
+// it loads serves all of them. Query t sits at position pos0 + t and sees the keys of
+// 0 ..= pos0 + t that the mask allows (attention_mask.wgsl, prepended by the wrapper; keys
+// before pos0 are cached from earlier steps). The workgroup visits only the tiles of BC keys
+// that some row of it can see (`mask_span`: causal, tiles 0 up to its last row's position; a
+// window, the tiles from its first row's window on, after the sink tiles): tiles wholly above
+// the diagonal or below every row's window are never read, and only tiles that cross the
+// diagonal or a row's window edge are masked.
 //
 // Threads: BR / 4 = TR row groups; row group rg owns rows rg, rg + TR, rg + 2 TR, rg + 3 TR (so
 // the rows a warp reads together fall in different banks). Per key tile:
@@ -40,10 +43,11 @@
 // a tile are looked up two tiles ahead into workgroup memory, so the block-table load is off the
 // critical path of the K/V loads.
 //
-// Keys at or past the sequence end (stale or NaN in the cache) are never loaded: their K and V
-// are zeros and their scores are masked (they lie past every row's position) before the max, so
-// exp2 gives exact zeros. Every real and padding row sees key 0, so its running max is finite
-// from the first tile on and l >= 1 at the end. Q, K, V and out are read and written as scalars
+// Keys at or past the sequence end, and keys below every row's window (stale or NaN in the
+// cache: their blocks may have been freed), are never loaded: their K and V are zeros. Masked
+// scores are MASKED, below the running max's start NEG, so exp2 gives exact zeros for them even
+// in a row that has seen no key yet (a window's first tile may hold none of a later row's keys).
+// Every row sees its own position, so l >= 1 at the end. Q, K, V and out are read and written as scalars
 // (f32, or f16 halves of an f16 cache: any head dim; a key row of the pools need not be 16-byte
 // aligned), assembled into vec4 in workgroup memory, zero-padded past HD. The wrapper picks small
 // tiles, and more threads per tile, on Mesa llvmpipe through GL, where compile time grows steeply
@@ -56,7 +60,8 @@ override WG: u32 = 128u; // threads: TR * DGT, >= TR * TC, with NT <= NT_MAX and
 override KV16: bool = false; // the pools hold f16 (else f32)
 
 const BLOCK: u32 = 16u; // tokens per KV block
-const NEG: f32 = -1e30; // "no key": finite, so exp2(NEG - m) is 0 and never NaN
+const NEG: f32 = -1e30; // "no key yet": finite, so exp2(NEG - m) is 0 and never NaN
+const MASKED: f32 = -2e30; // a masked score: exp2(MASKED - m) is 0 even while m is NEG
 const NT_MAX: u32 = 8u; // K (and V) vec4 a thread prefetches per tile, at most (Share)
 const NDG_MAX: u32 = 4u; // dim groups (4x4 accumulator blocks) per thread, at most
 
@@ -99,7 +104,7 @@ var<workgroup> kv: array<vec4<f32>, BC * KS>; // [j][d4] the K tile, then the V 
 var<workgroup> pt: array<vec4<f32>, TR * PS>; // [rg][j] P of rows rg + i TR (component i)
 var<workgroup> red: array<vec4<f32>, TR * RS>; // [rg][tc] partial row maxima; at the end sums
 var<workgroup> alpha: array<vec4<f32>, TR>; // [rg] this tile's rescale of the accumulators
-var<workgroup> blocks: array<u32, 2u * BPC>; // physical blocks of two tiles, by tile parity
+var<workgroup> blocks: array<u32, 2u * BPC>; // physical blocks of two tiles, by visit parity
 var<workgroup> chunk_wg: vec3<u32>; // chunk[0], chunk[1], chunk[2], read once: uniform values
 
 // A thread's share of a K or V tile: items lid + i * WG (i < NT) of [j][d4], indexed by constants
@@ -113,16 +118,16 @@ fn row_offset(row: u32, kvh: u32) -> u32 {
   return ((p.row0 + t) * p.n_heads + h) * HD;
 }
 
-// Looks up the blocks of tile `tile` into blocks[tile & 1] (threads lid < BPC); 0 past `limit`,
-// where the table row may end.
-fn stage(tile: u32, limit: u32, slot: u32, lid: u32) {
+// Looks up the blocks of the tile of visit t (see mask_span) into blocks[t & 1] (threads
+// lid < BPC); 0 past `limit`, where the table row may end.
+fn stage(t: u32, span: vec3<u32>, limit: u32, slot: u32, lid: u32) {
   if (lid < BPC) {
-    let key = tile * BC + lid * BLOCK;
+    let key = mask_unit(span, t) * BC + lid * BLOCK;
     var b = 0u;
     if (key < limit) {
       b = block_table[slot * p.max_blocks + key / BLOCK];
     }
-    blocks[(tile & 1u) * BPC + lid] = b;
+    blocks[(t & 1u) * BPC + lid] = b;
   }
 }
 
@@ -143,15 +148,26 @@ fn pool_at(is_v: bool, i: u32, ok: bool) -> f32 {
   return bitcast<f32>(w);
 }
 
-// Item e (key e / D4, dims 4 (e % D4) ..) of the K or V tile at key0 of kv head kvh: zeros
-// past the tile, at or past `limit`, and past HD.
-fn pool_item(is_v: bool, e: u32, key0: u32, limit: u32, kvh: u32) -> vec4<f32> {
+// Where a tile lies: its first key, the parity of its visit (its blocks' half of `blocks`), the
+// keys [0, limit) that serve some row, and the first row's position (keys no row at or after it
+// sees are not loaded).
+struct TileAt {
+  key0: u32,
+  par: u32,
+  limit: u32,
+  pos_lo: u32,
+}
+
+// Item e (key e / D4, dims 4 (e % D4) ..) of the K or V tile `at` of kv head kvh: zeros past the
+// tile, at or past the limit, for keys no row sees, and past HD.
+fn pool_item(is_v: bool, e: u32, at: TileAt, kvh: u32) -> vec4<f32> {
   let j = e / D4;
   let d = (e % D4) * 4u;
-  if (j >= BC || key0 + j >= limit) {
+  let key0 = at.key0;
+  if (j >= BC || key0 + j >= at.limit || !mask_live(at.pos_lo, key0 + j)) {
     return vec4<f32>(0.0);
   }
-  let b = blocks[((key0 / BC) & 1u) * BPC + (key0 % BLOCK + j) / BLOCK];
+  let b = blocks[at.par * BPC + (key0 % BLOCK + j) / BLOCK];
   let head = (b * p.n_layers + p.layer) * p.n_kv_heads + kvh;
   let i = (head * BLOCK + (key0 + j) % BLOCK) * HD + d;
   let full = HD % 4u == 0u; // a constant once HD is: no per-element test
@@ -163,14 +179,14 @@ fn pool_item(is_v: bool, e: u32, key0: u32, limit: u32, kvh: u32) -> vec4<f32> {
   );
 }
 
-// This thread's share of the K (or V) tile at key0.
-fn fetch(is_v: bool, key0: u32, limit: u32, kvh: u32, lid: u32) -> Share {
+// This thread's share of the K (or V) tile `at`.
+fn fetch(is_v: bool, at: TileAt, kvh: u32, lid: u32) -> Share {
   var r: Share;
-  r[0] = pool_item(is_v, lid, key0, limit, kvh);
+  r[0] = pool_item(is_v, lid, at, kvh);
   // @unroll
   for (var i = 1u; i < NT_MAX; i++) {
     if (NT > i) {
-      r[i] = pool_item(is_v, lid + i * WG, key0, limit, kvh);
+      r[i] = pool_item(is_v, lid + i * WG, at, kvh);
     }
   }
   return r;
@@ -356,10 +372,16 @@ fn main(
   let last = min(rows_total, first + BR) - 1u;
   let pos_lo = pos0 + first / p.group; // position of the first row
   let limit = pos0 + last / p.group + 1u; // keys [0, limit) serve some row here
-  let n_tiles = (limit + BC - 1u) / BC;
+  // The tiles some row sees, in visiting order (sink tiles, then the window's); causal: all
+  // tiles up to the last row's position.
+  let span = mask_span(pos_lo, limit - 1u, BC);
+  let n_tiles = span.z;
+  // The window's lower edge of the last row: a tile from it on is seen whole by every row that
+  // is past the tile (the edge only grows with the position).
+  let lo_hi = mask_lo(limit - 1u);
 
-  stage(0u, limit, slot, lid);
-  stage(1u, limit, slot, lid);
+  stage(0u, span, limit, slot, lid);
+  stage(1u, span, limit, slot, lid);
   for (var i = lid; i < BR * D4; i += WG) {
     let r = i / D4;
     let d = (i % D4) * 4u;
@@ -380,8 +402,9 @@ fn main(
     qs[r * KS + i % D4] = x * p.scale_log2e;
   }
   workgroupBarrier();
-  var kr = fetch(false, 0u, limit, kvh, lid); // this tile's K, then the next one's
-  var vr = fetch(true, 0u, limit, kvh, lid);
+  let at0 = TileAt(mask_unit(span, 0u) * BC, 0u, limit, pos_lo);
+  var kr = fetch(false, at0, kvh, lid); // this tile's K, then the next one's
+  var vr = fetch(true, at0, kvh, lid);
 
   // S-phase role: row group srg, key group tc (threads lid < TR * TC).
   let is_s = lid < TR * TC;
@@ -402,12 +425,13 @@ fn main(
   let cs = min(vec4<u32>(dg) + vec4<u32>(0u, DGT, 2u * DGT, 3u * DGT), vec4<u32>(D4 - 1u));
   var acc: Acc;
 
-  for (var tile = 0u; tile < n_tiles; tile++) {
-    let key0 = tile * BC;
+  for (var t = 0u; t < n_tiles; t++) {
+    let key0 = mask_unit(span, t) * BC;
+    let next = TileAt(mask_unit(span, t + 1u) * BC, (t + 1u) & 1u, limit, pos_lo);
     put_share(kr, lid);
     workgroupBarrier();
-    stage(tile + 2u, limit, slot, lid); // blocks[tile & 1] was last read by this tile's prefetch
-    kr = fetch(false, key0 + BC, limit, kvh, lid);
+    stage(t + 2u, span, limit, slot, lid); // blocks[t & 1] was last read by this tile's prefetch
+    kr = fetch(false, next, kvh, lid);
 
     var s0 = vec4<f32>(0.0);
     var s1 = vec4<f32>(0.0);
@@ -431,20 +455,26 @@ fn main(
       s1 = st.s1;
       s2 = st.s2;
       s3 = st.s3;
-      if (key0 + BC - 1u > pos_lo) { // the tile crosses the diagonal (or the end)
+      // Masked where the tile crosses the diagonal (or the end), or lies below some row's
+      // window edge and is not all sinks; a causal pipeline has only the first test.
+      var edge = key0 + BC - 1u > pos_lo;
+      if (MASK_KIND != 0u) {
+        edge = edge || (key0 < lo_hi && key0 + BC > mask_sinks());
+      }
+      if (edge) {
         let key = vec4<u32>(key0 + tc) + vec4<u32>(0u, TC, 2u * TC, 3u * TC);
-        let neg = vec4<f32>(NEG);
-        s0 = select(neg, s0, key <= vec4<u32>(pos.x));
-        s1 = select(neg, s1, key <= vec4<u32>(pos.y));
-        s2 = select(neg, s2, key <= vec4<u32>(pos.z));
-        s3 = select(neg, s3, key <= vec4<u32>(pos.w));
+        let neg = vec4<f32>(MASKED);
+        s0 = select(neg, s0, mask_visible4(pos.x, key));
+        s1 = select(neg, s1, mask_visible4(pos.y, key));
+        s2 = select(neg, s2, mask_visible4(pos.z, key));
+        s3 = select(neg, s3, mask_visible4(pos.w, key));
       }
       red[srg * RS + tc] = vec4<f32>(max4(s0), max4(s1), max4(s2), max4(s3));
     }
     workgroupBarrier();
 
     put_share(vr, lid); // the scores are done with K
-    vr = fetch(true, key0 + BC, limit, kvh, lid);
+    vr = fetch(true, next, kvh, lid);
     if (is_s) {
       let mx = red_max(srg, m);
       let a = exp2(m - mx);

@@ -4,8 +4,8 @@
 //   out = sum_c acc_c 2^(m_c - M) / sum_c l_c 2^(m_c - M),
 // zeros for a slot with seq_len 0. Straight-line code throughout: the loops over splits and
 // split groups are unrolled (`// @unroll`; a loop trip costs ~30 ns on an H200, docs/kernels.md).
-// attention_decode_common.wgsl (prepended): WG, HD, D4, KEYS, CG, CWG, CMAX, NEG, Params, p,
-// seq_len, dst, head_row.
+// attention_decode_common.wgsl (prepended, after attention_mask.wgsl): WG, HD, D4, KEYS, CG,
+// CWG, CMAX, NEG, Params, p, seq_len, dst, head_row, decode_span.
 
 @group(0) @binding(9) var<storage, read> partials: array<vec4<f32>>; // `main`'s partials
 
@@ -61,7 +61,7 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
   }
 
   let len = seq_len[s];
-  let chunks = (len + KEYS - 1u) / KEYS;
+  let chunks = decode_span(len).z; // the chunks `main` divided over the splits
   let per = max(1u, (chunks + p.n_split - 1u) / p.n_split);
   let n = (chunks + per - 1u) / per; // splits that hold keys, as `main` divided them
   cm[lid / 4u][lid % 4u] = select(NEG, ml.x, lid < n);

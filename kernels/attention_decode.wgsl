@@ -2,8 +2,8 @@
 // batch slot, its q, k, v straight from the fused projection qkv[S, (Hq + 2 Hkv) * HD]. Its k
 // (rotated) and v go into the paged pools at position pos[s] (rope_kv's addressing: block
 // block_table[s * max_blocks + pos / 16], row pos % 16; none past the table), and its q (rotated
-// at pos[s] on load) attends keys 0 .. seq_len[s] - 1 of that slot through its block table.
-// Slots are ragged. For a running slot pos = seq_len - 1, so the new key is the last one
+// at pos[s] on load) attends the keys of 0 .. seq_len[s] - 1 of that slot that the mask lets
+// position seq_len[s] - 1 see (attention_mask.wgsl), through its block table. Slots are ragged. For a running slot pos = seq_len - 1, so the new key is the last one
 // attended; a finished or empty slot's pos is the trash position (step_begin), a key no slot
 // attends. RoPE arithmetic: rope_common.wgsl, prepended by the wrapper.
 //
@@ -45,21 +45,24 @@
 // `if (N > i)` guards on the override constants). As loops, an array indexed by the counter lives
 // in local memory (~10x slower on an H200) and each trip costs ~30 ns (docs/kernels.md).
 //
-// A slot's chunks are spread evenly over the n_split splits by its own length: split c takes
-// chunks [c * per, (c + 1) * per), per = ceil(chunks / n_split); splits past the end return at
-// once (after their share of the KV write). n_split == 1 (the host's choice when the batch alone
+// A slot visits only the chunks its mask lets it see (`decode_span`: causal, every chunk up to
+// its length; a window, O(window) chunks after the sink chunks, whatever its length), spread
+// evenly over the n_split splits: split c takes visits [c * per, (c + 1) * per), per =
+// ceil(visits / n_split); splits past the end return at once (after their share of the KV
+// write). `blocks` holds the physical blocks by visit parity. n_split == 1 (the host's choice when the batch alone
 // fills the GPU, or the context is short) is a single pass that writes `out` directly: one
 // dispatch per layer. Otherwise `main` writes unnormalised partials (m, l, acc) to a scratch
 // buffer, and `combine` (attention_combine.wgsl) merges them.
 //
-// Keys at or past seq_len (possibly stale or NaN in the cache) are never loaded: their scores are
-// masked before the max and exp, their V rows are zeros. Scores are in base 2 (q pre-scaled by
+// Keys at or past seq_len, and keys below the window (possibly stale or NaN in the cache: their
+// blocks may have been freed), are never loaded: their scores are masked before the max and exp,
+// their V rows are zeros. Every visited chunk holds a key the query sees. Scores are in base 2 (q pre-scaled by
 // scale * log2(e)). No subgroups or `enable f16` (an f16 cache is packed in u32 words): it runs on
 // llvmpipe through GL. At most eight storage buffers per entry point (the WebGPU default): `main`
 // writes `dst`, which is `out` in a single pass and the partials when split.
 
-// attention_decode_common.wgsl (prepended): WG, HD, D4, KEYS, NEG, TPK, Params, p, seq_len, dst,
-// head_row.
+// attention_decode_common.wgsl (prepended, after attention_mask.wgsl): WG, HD, D4, KEYS, NEG,
+// TPK, Params, p, seq_len, dst, head_row, decode_span, key_seen.
 
 // Query rows per sequence (verification passes): row s reads sequence s / SEQ_ROWS's table.
 override SEQ_ROWS: u32 = 1u;
@@ -113,24 +116,24 @@ fn k_elem(ks: u32, e: u32, position: u32) -> f32 {
   return rope_elem(e, HALF, qkv[ks + e], partner, position, inv_freq[e % HALF]);
 }
 
-// Vec4 offset of key `j` of chunk `ch` of kv head `kvh`; the chunk's blocks are staged in
-// `blocks` by chunk parity.
-fn key_row(ch: u32, j: u32, kvh: u32) -> u32 {
-  let b = blocks[(ch & 1u) * BPC + j / BLOCK];
+// Vec4 offset of key `j` of the chunk of visit t of kv head `kvh`; the chunk's blocks are staged
+// in `blocks` by visit parity.
+fn key_row(t: u32, j: u32, kvh: u32) -> u32 {
+  let b = blocks[(t & 1u) * BPC + j / BLOCK];
   return (((b * p.n_layers + p.layer) * p.n_kv_heads + kvh) * BLOCK + j % BLOCK) * D4;
 }
 
-// V[j][d4] of key j of chunk ch; zeros past len (and for idle threads), so a stale NaN can
-// never meet its zero probability.
-fn v_at(ch: u32, j: u32, d4: u32, len: u32, kvh: u32) -> vec4<f32> {
-  if (j >= KEYS || d4 >= D4 || ch * KEYS + j >= len) {
+// V[j][d4] of key j of the chunk of visit t (its first key key0); zeros for keys the query does
+// not see (and for idle threads), so a stale NaN can never meet its zero probability.
+fn v_at(t: u32, key0: u32, j: u32, d4: u32, len: u32, kvh: u32) -> vec4<f32> {
+  if (j >= KEYS || d4 >= D4 || !key_seen(key0 + j, len)) {
     return vec4<f32>(0.0);
   }
-  return kv_get(v_pool[key_row(ch, j, kvh) + d4]);
+  return kv_get(v_pool[key_row(t, j, kvh) + d4]);
 }
 
-// Physical block of 16-key block b of chunk ch of slot s; 0 past the slot's keys (its table row
-// may end there).
+// Physical block of 16-key block b of chunk ch (absolute) of slot s; 0 past the slot's keys
+// (its table row may end there).
 fn block_of(s: u32, ch: u32, b: u32, len: u32) -> u32 {
   if ((ch * BPC + b) * BLOCK >= len) {
     return 0u;
@@ -177,20 +180,21 @@ fn score(kr: ptr<function, array<vec4<f32>, KMAX>>, r: u32, kpart: u32) -> f32 {
   return d;
 }
 
-// V[j][d4] of keys kg, kg + KG, ... (VPT of them) of chunk ch.
+// V[j][d4] of keys kg, kg + KG, ... (VPT of them) of the chunk of visit t, from key0.
 fn load_v(
   vr: ptr<function, array<vec4<f32>, VMAX>>,
-  ch: u32,
+  t: u32,
+  key0: u32,
   kg: u32,
   d4: u32,
   len: u32,
   kvh: u32,
 ) {
-  (*vr)[0] = v_at(ch, kg, d4, len, kvh);
+  (*vr)[0] = v_at(t, key0, kg, d4, len, kvh);
   // @unroll
   for (var i = 1u; i < VMAX; i++) {
     if (VPT > i) {
-      (*vr)[i] = v_at(ch, kg + i * KG, d4, len, kvh);
+      (*vr)[i] = v_at(t, key0, kg + i * KG, d4, len, kvh);
     }
   }
 }
@@ -258,9 +262,9 @@ fn publish_row(r: u32, j: u32, ml: vec2<f32>) {
 }
 
 // M for row r, key i of the chunk starting at key `base`: the whole score (its four components
-// added) into sc, masked past len; returns it.
+// added) into sc, masked where the query does not see the key; returns it.
 fn whole_score(r: u32, i: u32, base: u32, len: u32) -> f32 {
-  let v = select(NEG, dot(buf[r * KEYS + i], vec4<f32>(1.0)), base + i < len);
+  let v = select(NEG, dot(buf[r * KEYS + i], vec4<f32>(1.0)), key_seen(base + i, len));
   sc[r * KEYS + i] = v;
   return v;
 }
@@ -335,7 +339,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     len_shared = seq_len[s];
   }
   let len = workgroupUniformLoad(&len_shared); // uniform, so the chunk loop may hold barriers
-  let chunks = (len + KEYS - 1u) / KEYS;
+  let span = decode_span(len); // the chunks this slot visits (see the top)
+  let chunks = span.z;
   let per = (chunks + p.n_split - 1u) / p.n_split;
   let c0 = split * per;
   let c1 = min(c0 + per, chunks);
@@ -344,8 +349,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   // top); storageBarrier before the first pool load makes them visible to this workgroup.
   let position = pos[s];
   var writes = split == 0u && g0 == 0u;
-  if (position < len) {
-    writes = split == position / KEYS / per;
+  if (position < len && key_seen(position, len)) {
+    writes = split == mask_visit(span, position / KEYS) / per;
   }
   if (WRITE_KV && writes && position / BLOCK < p.max_blocks) {
     let b = block_table[(s / SEQ_ROWS) * p.max_blocks + position / BLOCK];
@@ -389,8 +394,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     qs[r * D4 + i / 4u][i % 4u] = x.x;
     qs[r * D4 + (i + HALF) / 4u][(i + HALF) % 4u] = x.y;
   }
-  if (lid < 2u * BPC && c0 + lid / BPC < c1) {
-    blocks[((c0 + lid / BPC) & 1u) * BPC + lid % BPC] = block_of(s, c0 + lid / BPC, lid % BPC, len);
+  let tv = c0 + lid / BPC;
+  if (lid < 2u * BPC && tv < c1) {
+    blocks[(tv & 1u) * BPC + lid % BPC] = block_of(s, mask_unit(span, tv), lid % BPC, len);
   }
   workgroupBarrier();
 
@@ -408,10 +414,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   var kr: array<vec4<f32>, KMAX>;
   var vr: array<vec4<f32>, VMAX>;
   let vd4 = select(D4, d4, kg < KG); // D4 (zeros) for idle P.V threads
-  if (c0 * KEYS + kj < len) {
+  let first_key = mask_unit(span, c0) * KEYS;
+  if (key_seen(first_key + kj, len)) {
     load_k(&kr, key_row(c0, kj, kvh), kpart);
   }
-  load_v(&vr, c0, kg, vd4, len, kvh);
+  load_v(&vr, c0, first_key, kg, vd4, len, kvh);
   // Rows er and er + TPK (ERT <= 2): (row max, equal in every thread; this thread's share of
   // the row sum).
   var ml0 = vec2<f32>(NEG, 0.0);
@@ -419,11 +426,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   // acc[r]: row r's share of the output from this key group, element d4.
   var acc: array<vec4<f32>, RMAX>;
 
-  for (var ch = c0; ch < c1; ch++) {
-    // The blocks of chunk ch + 2, stored at the end of this chunk (read long before then).
+  for (var ch = c0; ch < c1; ch++) { // ch: the visit; its chunk starts at key0
+    let key0 = mask_unit(span, ch) * KEYS;
+    let key1 = mask_unit(span, ch + 1u) * KEYS; // the next visit's
+    // The blocks of visit ch + 2, stored at the end of this chunk (read long before then).
     var next_block = 0u;
     if (lid < BPC && ch + 2u < c1) {
-      next_block = block_of(s, ch + 2u, lid, len);
+      next_block = block_of(s, mask_unit(span, ch + 2u), lid, len);
     }
 
     // S: this thread's share of the scores of key kj, for every row.
@@ -434,7 +443,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         buf[r * KEYS + kj][kpart] = score(&kr, r, kpart);
       }
     }
-    if ((ch + 1u) * KEYS + kj < len && ch + 1u < c1) {
+    if (ch + 1u < c1 && key_seen(key1 + kj, len)) {
       load_k(&kr, key_row(ch + 1u, kj, kvh), kpart);
     }
     workgroupBarrier();
@@ -444,7 +453,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (lid < ROWS * MP) {
       let r = lid / MP;
       let i = lid % MP;
-      let base = ch * KEYS;
+      let base = key0;
       var mx = whole_score(r, i, base, len);
       // @unroll
       for (var t = 1u; t < MAX_KEYS / MP; t++) {
@@ -457,7 +466,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
 
     // E: probabilities against the new row max; rescale the running sums.
-    let live = ch * KEYS + j < len;
+    let live = key_seen(key0 + j, len);
     ml0 = softmax_row(er, j, live, ml0);
     if (ERT > 1u) {
       ml1 = softmax_row(er + TPK, j, live, ml1);
@@ -475,7 +484,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       }
     }
     if (ch + 1u < c1) {
-      load_v(&vr, ch + 1u, kg, vd4, len, kvh);
+      load_v(&vr, ch + 1u, key1, kg, vd4, len, kvh);
     }
     if (lid < BPC && ch + 2u < c1) {
       blocks[(ch & 1u) * BPC + lid] = next_block;

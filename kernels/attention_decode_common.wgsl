@@ -1,6 +1,7 @@
 // Shared by decode attention's two entry points (kernels/attention_decode.ts prepends it to
-// attention_decode.wgsl, `main`, and to attention_combine.wgsl, `combine`): the launch's sizes,
-// its Params and the bindings both use.
+// attention_decode.wgsl, `main`, and to attention_combine.wgsl, `combine`, after
+// attention_mask.wgsl): the launch's sizes, its Params, the bindings both use and the chunks a
+// slot visits.
 
 override WG: u32 = 256u; // threads of `main`: 64, 128 or 256
 override HD: u32 = 64u; // head_dim, a multiple of 4
@@ -35,4 +36,19 @@ struct Params {
 // Vec4 offset of q head h of slot s in `out`.
 fn head_row(s: u32, h: u32) -> u32 {
   return (s * p.n_heads + h) * D4;
+}
+
+// The chunks of KEYS keys that a query attending seq_len `len` visits, as mask_span gives them
+// for its position len - 1 (`main` divides them over the splits, `combine` counts them); none
+// for an empty slot.
+fn decode_span(len: u32) -> vec3<u32> {
+  if (len == 0u) {
+    return vec3<u32>(0u);
+  }
+  return mask_span(len - 1u, len - 1u, KEYS);
+}
+
+// Whether the query of a slot attending seq_len `len` sees key `key`.
+fn key_seen(key: u32, len: u32) -> bool {
+  return key < len && mask_live(len - 1u, key);
 }

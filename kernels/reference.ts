@@ -7,6 +7,7 @@
 // ---- section: weights (dtype helpers) ----
 
 import { type DType, type KvDtype, roundTrip } from "../gpu/dtype.ts";
+import type { AttentionMask } from "./attention_mask.ts";
 
 /**
  * Weight values as the GPU sees them: each rounded through `dtype` and widened to float64.
@@ -263,43 +264,67 @@ export interface AttentionRefOptions {
   k: ArrayLike<number>;
   /** `[L, nKvHeads, headDim]` values of the sequence by position. */
   v: ArrayLike<number>;
-  /** `[Tq]` position of each query: query i attends keys `0..qPos[i]` (causal). */
+  /** `[Tq]` position of each query: query i attends keys `0..qPos[i]` the mask lets it see. */
   qPos: ArrayLike<number>;
   nHeads: number;
   nKvHeads: number;
   headDim: number;
   /** Score scale (default `1 / sqrt(headDim)`). */
   scale?: number;
+  /** Which keys a query sees (default causal); keys it does not see are never read. */
+  mask?: AttentionMask;
 }
 
 /**
- * Causal softmax attention of `q [Tq, nHeads, headDim]` over one sequence's K/V → float64
- * `[Tq, nHeads, headDim]`. GQA: q head h reads kv head `h / (nHeads / nKvHeads)`.
+ * Whether key position `j` is visible from query position `i` under `mask`, straight from the
+ * definitions (kernels/attention_mask.ts): causal j ≤ i; window i − j < window; sinks j < sinks
+ * or i − j < window; chunked ⌊j / chunk⌋ = ⌊i / chunk⌋.
+ */
+export function visibleRef(mask: AttentionMask, i: number, j: number): boolean {
+  if (j > i) return false;
+  switch (mask.kind) {
+    case "causal":
+      return true;
+    case "window":
+      return i - j < mask.window;
+    case "sinks":
+      return j < mask.sinks || i - j < mask.window;
+    case "chunked":
+      return Math.floor(j / mask.chunk) === Math.floor(i / mask.chunk);
+  }
+}
+
+/**
+ * Masked softmax attention of `q [Tq, nHeads, headDim]` over one sequence's K/V → float64
+ * `[Tq, nHeads, headDim]`: query t sees the keys `j ≤ qPos[t]` that {@linkcode visibleRef}
+ * allows (causal by default). GQA: q head h reads kv head `h / (nHeads / nKvHeads)`.
  */
 export function attentionRef(q: ArrayLike<number>, opts: AttentionRefOptions): Float64Array {
   const { k, v, qPos, nHeads, nKvHeads, headDim: D } = opts;
+  const mask = opts.mask ?? { kind: "causal" };
   const scale = opts.scale ?? 1 / Math.sqrt(D);
   const group = nHeads / nKvHeads;
   const out = new Float64Array(qPos.length * nHeads * D);
   for (let t = 0; t < qPos.length; t++) {
-    const n = qPos[t] + 1;
-    const s = new Float64Array(n);
+    const keys: number[] = [];
+    for (let j = 0; j <= qPos[t]; j++) if (visibleRef(mask, qPos[t], j)) keys.push(j);
+    const s = new Float64Array(keys.length);
     for (let h = 0; h < nHeads; h++) {
       const kvh = Math.floor(h / group), qo = (t * nHeads + h) * D;
       let max = -Infinity;
-      for (let j = 0; j < n; j++) {
+      keys.forEach((j, i) => {
         const ko = (j * nKvHeads + kvh) * D;
         let dot = 0;
         for (let d = 0; d < D; d++) dot += q[qo + d] * k[ko + d];
-        s[j] = dot * scale;
-        max = Math.max(max, s[j]);
-      }
+        s[i] = dot * scale;
+        max = Math.max(max, s[i]);
+      });
       let sum = 0;
-      for (let j = 0; j < n; j++) sum += s[j] = Math.exp(s[j] - max);
-      for (let j = 0; j < n; j++) {
-        const vo = (j * nKvHeads + kvh) * D, p = s[j] / sum;
+      for (let i = 0; i < keys.length; i++) sum += s[i] = Math.exp(s[i] - max);
+      keys.forEach((j, i) => {
+        const vo = (j * nKvHeads + kvh) * D, p = s[i] / sum;
         for (let d = 0; d < D; d++) out[qo + d] += p * v[vo + d];
-      }
+      });
     }
   }
   return out;
@@ -446,6 +471,8 @@ export interface AttentionDecodeRefOptions {
   layer: number;
   /** Score scale (default `1 / sqrt(headDim)`). */
   scale?: number;
+  /** Which keys each slot's query (at position `seqLen[s] - 1`) sees (default causal). */
+  mask?: AttentionMask;
 }
 
 /** What a decode layer's attention produces: its output and the pools after the KV write. */
@@ -462,15 +489,16 @@ export interface AttentionDecodeRef {
  * One decode step of one layer's attention, RoPE and KV write included (kernels/attention_decode):
  * {@linkcode ropeKvRef} of each slot's row of `qkv [S, (Hq + 2·Hkv)·D]` at `pos[s]`; its k and v
  * stored (rounded to the cache's dtype) at `(s, pos[s])` through the block table,
- * slots in order, none past the table; then {@linkcode attentionRef} of its rotated q over keys
- * `0..seqLen[s]-1` of the updated cache.
+ * slots in order, none past the table; then {@linkcode attentionRef} of its rotated q (at query
+ * position `seqLen[s] - 1`) over the keys of `0..seqLen[s]-1` of the updated cache that `mask`
+ * lets it see.
  */
 export function attentionDecodeRef(
   cache: PagedCacheRef,
   qkv: ArrayLike<number>,
   opts: AttentionDecodeRefOptions,
 ): AttentionDecodeRef {
-  const { pos, seqLen, invFreq, nHeads, layer, scale } = opts;
+  const { pos, seqLen, invFreq, nHeads, layer, scale, mask } = opts;
   const { nKvHeads, headDim: D, maxBlocks } = cache;
   const S = pos.length, n = nHeads * D;
   const rot = ropeKvRef(qkv, { pos, invFreq, nHeads, nKvHeads, headDim: D });
@@ -491,7 +519,7 @@ export function attentionDecodeRef(
     const kv = pagedKvRef(after, { slot: s, layer, len: seqLen[s] });
     const q = rot.q.subarray(s * n, (s + 1) * n);
     const qPos = [seqLen[s] - 1];
-    out.set(attentionRef(q, { ...kv, qPos, nHeads, nKvHeads, headDim: D, scale }), s * n);
+    out.set(attentionRef(q, { ...kv, qPos, nHeads, nKvHeads, headDim: D, scale, mask }), s * n);
   }
   return { out, kPool: after.kPool, vPool: after.vPool };
 }

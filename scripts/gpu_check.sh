@@ -59,6 +59,10 @@ log "bench"
 timeout 240 bash .gpu/run.sh run -A --cached-only scripts/bench.ts --shape tinyllama-1.1b --batch 1,8,32 --prompt-len 512 \
   --new-tokens 256 --out "$out/bench.json" --profile 2>&1 | tail -120 | tee -a "$out/log.txt"
 log "done"
+# Long contexts and masks: scripts/gpu_check_long.sh (PART=compare | bench; each one device call).
+if [ "${LONG:-0}" = 1 ]; then
+  OUT="$out" bash scripts/gpu_check_long.sh
+fi
 if [ "${SWEEP:-0}" = 1 ]; then
   log "sweep"
   variants=${SWEEP_VARIANTS:-'[{}]'}

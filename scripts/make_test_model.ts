@@ -39,8 +39,13 @@ export interface TestModelOptions {
   tie?: boolean;
   seed?: number;
   ropeTheta?: number;
-  /** Add Llama 3.1 rope_scaling (factor 8, low 1, high 4, original max_positions / 4). */
-  ropeScaling?: "llama3";
+  /**
+   * Add a rope_scaling: llama3 (factor 8, low 1, high 4, original max_positions / 4); linear
+   * (factor 4); dynamic (factor 2); yarn (factor 4, original max_positions / 4).
+   */
+  ropeScaling?: TestRopeScaling;
+  /** Mistral's sliding_window (default null: full attention); mistral only. */
+  slidingWindow?: number;
   /** max_position_embeddings (512). */
   maxPositions?: number;
   /** BPE merges to learn (200). */
@@ -48,6 +53,10 @@ export interface TestModelOptions {
   /** Tokenizer prepends `<s>` (true). */
   bos?: boolean;
 }
+
+/** The rope_scaling kinds {@linkcode makeTestModel} writes. */
+export type TestRopeScaling = "llama3" | "linear" | "dynamic" | "yarn";
+const ROPE_SCALINGS: TestRopeScaling[] = ["llama3", "linear", "dynamic", "yarn"];
 
 /** What {@linkcode makeTestModel} wrote, and how peaked its logits are. */
 export interface TestModelSummary {
@@ -104,6 +113,7 @@ function resolve(options: TestModelOptions) {
     seed: options.seed ?? 1,
     ropeTheta: options.ropeTheta ?? 10000,
     ropeScaling: options.ropeScaling,
+    slidingWindow: options.slidingWindow,
     maxPositions: options.maxPositions ?? 512,
     merges: options.merges ?? 200,
     bos: options.bos ?? true,
@@ -114,13 +124,25 @@ function resolve(options: TestModelOptions) {
 function makeConfig(
   o: Resolved & { vocab: number; bosId: number; eosId: number },
 ): Record<string, unknown> {
+  const quarter = Math.max(16, Math.floor(o.maxPositions / 4));
   const ropeScaling = o.ropeScaling === "llama3"
     ? {
       rope_type: "llama3",
       factor: 8.0,
       low_freq_factor: 1.0,
       high_freq_factor: 4.0,
-      original_max_position_embeddings: Math.max(16, Math.floor(o.maxPositions / 4)),
+      original_max_position_embeddings: quarter,
+    }
+    : o.ropeScaling === "linear"
+    ? { rope_type: "linear", factor: 4.0 }
+    : o.ropeScaling === "dynamic"
+    ? { rope_type: "dynamic", factor: 2.0 }
+    : o.ropeScaling === "yarn"
+    // factor = max_position_embeddings / original, as transformers 4.x recomputes it.
+    ? {
+      rope_type: "yarn",
+      factor: o.maxPositions / quarter,
+      original_max_position_embeddings: quarter,
     }
     : null;
   const config: Record<string, unknown> = {
@@ -149,7 +171,10 @@ function makeConfig(
   if (o.headDim !== undefined) config.head_dim = o.headDim;
   if (o.arch === "llama") Object.assign(config, { attention_bias: false, mlp_bias: false });
   if (o.arch === "llama") config.pretraining_tp = 1;
-  if (o.arch === "mistral") config.sliding_window = null;
+  if (o.arch === "mistral") config.sliding_window = o.slidingWindow ?? null;
+  else if (o.slidingWindow !== undefined) {
+    throw new Error(`a sliding window is Mistral's; got arch '${o.arch}'`);
+  }
   if (o.arch === "qwen2") {
     Object.assign(config, {
       max_window_layers: o.layers,
@@ -286,7 +311,8 @@ export async function withTestModel(
 
 const USAGE = `usage: deno run -A scripts/make_test_model.ts --out DIR [--arch llama|mistral|qwen2]
   [--dtype f32|f16|bf16] [--hidden 64] [--layers 2] [--heads 4] [--kv-heads 2] [--head-dim N]
-  [--ffn 128] [--vocab N] [--tie] [--seed 1] [--rope-theta 10000] [--rope-scaling llama3]
+  [--ffn 128] [--vocab N] [--tie] [--seed 1] [--rope-theta 10000]
+  [--rope-scaling llama3|linear|dynamic|yarn] [--sliding-window N (mistral)]
   [--max-positions 512] [--merges 200] [--no-bos]`;
 
 function nonNegative(v: string): number {
@@ -313,6 +339,7 @@ async function main(): Promise<void> {
       seed: { type: "string" },
       "rope-theta": { type: "string" },
       "rope-scaling": { type: "string" },
+      "sliding-window": { type: "string" },
       "max-positions": { type: "string" },
       merges: { type: "string" },
       "no-bos": { type: "boolean" },
@@ -334,8 +361,8 @@ async function main(): Promise<void> {
     return n;
   };
   const scaling = values["rope-scaling"];
-  if (scaling !== undefined && scaling !== "llama3") {
-    throw new Error(`--rope-scaling must be 'llama3'; got '${scaling}'`);
+  if (scaling !== undefined && !ROPE_SCALINGS.includes(scaling as TestRopeScaling)) {
+    throw new Error(`--rope-scaling must be one of ${ROPE_SCALINGS.join(", ")}; got '${scaling}'`);
   }
   const theta = values["rope-theta"] === undefined ? undefined : Number(values["rope-theta"]);
   if (theta !== undefined && !(theta > 0)) {
@@ -354,7 +381,8 @@ async function main(): Promise<void> {
     tie: values.tie,
     seed: values.seed === undefined ? undefined : Number(values.seed),
     ropeTheta: theta,
-    ropeScaling: scaling as "llama3" | undefined,
+    ropeScaling: scaling as TestRopeScaling | undefined,
+    slidingWindow: int("sliding-window"),
     maxPositions: int("max-positions"),
     merges: values.merges === undefined ? undefined : nonNegative(values.merges),
     bos: !values["no-bos"],

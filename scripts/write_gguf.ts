@@ -104,6 +104,11 @@ export async function ggufSpec(dir: string, options: WriteGgufOptions): Promise<
   const shapes = expectedTensors(cfg);
   const types = tensorTypes(cfg, shapes, options.type);
   const tensors: GgufTensorData[] = [];
+  if (cfg.ropeScaling && cfg.ropeScaling.type !== "llama3") {
+    throw new Error(
+      `${dir} has '${cfg.ropeScaling.type}' rope scaling; write_gguf writes llama3's only`,
+    );
+  }
   if (cfg.ropeScaling) {
     const f = llama3Factors(cfg.ropeScaling, ropeWavelengths(cfg.headDim, cfg.ropeTheta));
     tensors.push(tensorData(ROPE_FREQS, "f32", [f.length], quantize(f, "f32", f.length)));

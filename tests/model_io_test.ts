@@ -174,10 +174,10 @@ Deno.test("model folder errors name the missing file or bad setting", async () =
           `LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM`,
       },
     );
-    await writeJson(cfgPath, { ...cfg, rope_scaling: { rope_type: "yarn", factor: 4 } });
+    await writeJson(cfgPath, { ...cfg, rope_scaling: { rope_type: "longrope", factor: 4 } });
     await assert.rejects(
       loadModelFolder(dir),
-      /unsupported rope_scaling type 'yarn' in .*config\.json/,
+      /unsupported rope_scaling type 'longrope' in .*config\.json/,
     );
     await writeJson(cfgPath, { ...cfg, hidden_size: undefined });
     await assert.rejects(loadModelFolder(dir), /missing 'hidden_size' in .*config\.json/);

@@ -90,9 +90,19 @@ Deno.test("attention: GQA maps query head h to kv head h / group", () => {
   // position 0 attends only to itself: output = its own v
   assertClose("t=0", gqa[0], rep(v[0]), 1e-15, 0);
   // a window of 1 is the same as attending to oneself only
-  const w1 = attention(q, k, v, { nHeads: 4, nKvHeads: 2, headDim: D, window: 1 });
+  const w1 = attention(q, k, v, {
+    nHeads: 4,
+    nKvHeads: 2,
+    headDim: D,
+    mask: { kind: "window", window: 1 },
+  });
   for (let t = 0; t < T; t++) assertClose(`window t=${t}`, w1[t], rep(v[t]), 1e-15, 0);
-  const wide = attention(q, k, v, { nHeads: 4, nKvHeads: 2, headDim: D, window: T });
+  const wide = attention(q, k, v, {
+    nHeads: 4,
+    nKvHeads: 2,
+    headDim: D,
+    mask: { kind: "window", window: T },
+  });
   assertClose("window T", wide.flatMap((x) => [...x]), gqa.flatMap((x) => [...x]), 0, 0);
 });
 

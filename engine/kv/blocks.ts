@@ -181,6 +181,24 @@ export class SequenceBlocks {
     this.computed = n;
   }
 
+  /**
+   * Releases the blocks of logical blocks `[from, to)` (a window has moved past them: their keys
+   * are never read again, engine/kv/window.ts); their table entries become the trash block, which
+   * later releases skip. The tokens stay.
+   *
+   * @returns how many blocks went back to the pool
+   */
+  dropBlocks(from: number, to: number): number {
+    let n = 0;
+    for (let b = Math.max(0, from); b < Math.min(to, this.table.length); b++) {
+      if (this.table[b] === this.pool.trash) continue;
+      this.pool.release(this.table[b]);
+      this.table[b] = this.pool.trash;
+      n++;
+    }
+    return n;
+  }
+
   /** Forgets tokens from `n` on (KV past them is dropped; whole blocks past them freed). */
   truncate(n: number): void {
     // A partial last block that others share or can find by hash must not be written into:
@@ -193,7 +211,10 @@ export class SequenceBlocks {
     this.tokens.length = Math.min(this.tokens.length, n);
     this.computed = Math.min(this.computed, n);
     const keep = Math.ceil(n / BLOCK);
-    while (this.table.length > keep) this.pool.release(this.table.pop()!);
+    while (this.table.length > keep) {
+      const id = this.table.pop()!;
+      if (id !== this.pool.trash) this.pool.release(id); // dropped by dropBlocks
+    }
     this.#hashes.length = Math.min(this.#hashes.length, Math.floor(n / BLOCK));
   }
 

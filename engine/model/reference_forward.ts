@@ -5,7 +5,8 @@
  * (engine/model/gguf_quant.ts); all arithmetic is float64. No KV cache: each call recomputes the
  * whole sequence, which keeps it obviously correct.
  */
-import { type ModelConfig, ropeInvFreq } from "./config.ts";
+import type { AttentionMask } from "../../kernels/attention_mask.ts";
+import { configMask, type ModelConfig, ropeAttentionFactor, ropeInvFreq } from "./config.ts";
 import { dequantizeRef } from "./gguf_quant.ts";
 import {
   expectedTensors,
@@ -50,6 +51,8 @@ export interface ForwardOptions {
    * `Math.f16round` for an f16 cache (default: kept as is).
    */
   kvRound?: (x: number) => number;
+  /** The attention mask (default: the config's, see `configMask`; e.g. sinks + window). */
+  mask?: AttentionMask;
 }
 
 /** Float64 reference model. */
@@ -112,6 +115,11 @@ export class ReferenceModel {
     const { hiddenSize: H, headDim: D, nHeads, nKvHeads, intermediateSize: F } = cfg;
     const T = tokens.length;
     const w = this.weights;
+    // Dynamic NTK: one forward over T tokens uses the frequencies of length T (transformers'
+    // `dynamic_rope_update` on a fresh model); every other kind has fixed ones.
+    const invFreq = cfg.ropeScaling?.type === "dynamic" ? ropeInvFreq(cfg, T) : this.invFreq;
+    const scaling = ropeAttentionFactor(cfg);
+    const mask = options.mask ?? configMask(cfg);
     // x: [T][hidden], the residual stream
     const x = tokens.map((t) => {
       if (!(t >= 0 && t < cfg.vocabSize)) {
@@ -126,8 +134,8 @@ export class ReferenceModel {
       const k = hn.map((r) => linear(r, layer.k, { bias: layer.kBias })); // [T][Hkv*D]
       const v = hn.map((r) => linear(r, layer.v, { bias: layer.vBias })); // [T][Hkv*D]
       for (let t = 0; t < T; t++) {
-        rope(q[t], { nHeads, headDim: D, pos: t, invFreq: this.invFreq });
-        rope(k[t], { nHeads: nKvHeads, headDim: D, pos: t, invFreq: this.invFreq });
+        rope(q[t], { nHeads, headDim: D, pos: t, invFreq, scaling });
+        rope(k[t], { nHeads: nKvHeads, headDim: D, pos: t, invFreq, scaling });
         const round = options.kvRound;
         if (round) {
           for (let i = 0; i < k[t].length; i++) {
@@ -136,7 +144,7 @@ export class ReferenceModel {
           }
         }
       }
-      const attn = attention(q, k, v, { nHeads, nKvHeads, headDim: D, window: cfg.slidingWindow });
+      const attn = attention(q, k, v, { nHeads, nKvHeads, headDim: D, mask });
       for (let t = 0; t < T; t++) addInto(x[t], linear(attn[t], layer.o, { bias: layer.oBias }));
       // MLP block: x += down(silu(gate(h)) * up(h)) of h = rmsnorm(x)
       for (let t = 0; t < T; t++) {
@@ -189,19 +197,22 @@ export interface RopeOptions {
   pos: number;
   /** `[headDim / 2]`, from `ropeInvFreq`. */
   invFreq: Float64Array;
+  /** cos and sin are multiplied by it (yarn's attention factor; default 1). */
+  scaling?: number;
 }
 
 /**
  * HF rotate-half RoPE in place on `x: [nHeads, headDim]`: for i < D/2, with a = pos · invFreq[i],
- * `x[i] ← x[i] cos a − x[i+D/2] sin a`, `x[i+D/2] ← x[i+D/2] cos a + x[i] sin a`.
+ * c = cos a · scaling, s = sin a · scaling, `x[i] ← x[i] c − x[i+D/2] s`,
+ * `x[i+D/2] ← x[i+D/2] c + x[i] s`.
  */
 export function rope(x: Float64Array, options: RopeOptions): void {
   const { nHeads, headDim: D, pos, invFreq } = options;
-  const half = D / 2;
+  const half = D / 2, m = options.scaling ?? 1;
   for (let h = 0; h < nHeads; h++) {
     const b = h * D;
     for (let i = 0; i < half; i++) {
-      const c = Math.cos(pos * invFreq[i]), s = Math.sin(pos * invFreq[i]);
+      const c = Math.cos(pos * invFreq[i]) * m, s = Math.sin(pos * invFreq[i]) * m;
       const x1 = x[b + i], x2 = x[b + i + half];
       x[b + i] = x1 * c - x2 * s;
       x[b + i + half] = x2 * c + x1 * s;
@@ -214,13 +225,30 @@ export interface AttentionShape {
   nHeads: number;
   nKvHeads: number;
   headDim: number;
-  /** Sliding window: key j visible from query i iff i − j < window. */
-  window?: number;
+  /**
+   * Which keys query i sees besides j ≤ i (default causal): window i − j < window; sinks j <
+   * sinks or i − j < window; chunked ⌊j / chunk⌋ = ⌊i / chunk⌋.
+   */
+  mask?: AttentionMask;
+}
+
+/** Whether key j is visible from query i under `mask` (j ≤ i). */
+function sees(mask: AttentionMask | undefined, i: number, j: number): boolean {
+  switch (mask?.kind) {
+    case "window":
+      return i - j < mask.window;
+    case "sinks":
+      return j < mask.sinks || i - j < mask.window;
+    case "chunked":
+      return Math.floor(i / mask.chunk) === Math.floor(j / mask.chunk);
+    default:
+      return true;
+  }
 }
 
 /**
- * Causal softmax attention with GQA (query head h reads kv head ⌊h / (nHeads / nKvHeads)⌋),
- * scale 1/√headDim.
+ * Masked softmax attention with GQA (query head h reads kv head ⌊h / (nHeads / nKvHeads)⌋),
+ * scale 1/√headDim: query i attends the keys j ≤ i its mask lets it see.
  *
  * @returns o: [T][nHeads * headDim]
  */
@@ -235,23 +263,24 @@ export function attention(
   const scale = 1 / Math.sqrt(D);
   return q.map((qt, i) => {
     const out = new Float64Array(nHeads * D);
-    const first = shape.window ? Math.max(0, i - shape.window + 1) : 0;
-    const scores = new Float64Array(i + 1 - first);
+    const keys: number[] = [];
+    for (let j = 0; j <= i; j++) if (sees(shape.mask, i, j)) keys.push(j);
+    const scores = new Float64Array(keys.length);
     for (let h = 0; h < nHeads; h++) {
       const qb = h * D, kb = Math.floor(h / group) * D;
       let max = -Infinity;
-      for (let j = first; j <= i; j++) {
+      keys.forEach((j, n) => {
         let s = 0;
         for (let d = 0; d < D; d++) s += qt[qb + d] * kv[j][kb + d];
-        scores[j - first] = s * scale;
-        if (scores[j - first] > max) max = scores[j - first];
-      }
+        scores[n] = s * scale;
+        if (scores[n] > max) max = scores[n];
+      });
       let sum = 0;
-      for (let j = 0; j < scores.length; j++) sum += scores[j] = Math.exp(scores[j] - max);
-      for (let j = first; j <= i; j++) {
-        const p = scores[j - first] / sum;
+      for (let n = 0; n < scores.length; n++) sum += scores[n] = Math.exp(scores[n] - max);
+      keys.forEach((j, n) => {
+        const p = scores[n] / sum;
         for (let d = 0; d < D; d++) out[qb + d] += p * v[j][kb + d];
-      }
+      });
     }
     return out;
   });

@@ -10,7 +10,7 @@
 import type { Gpu } from "../../gpu/device.ts";
 import { createStorage } from "../../gpu/device.ts";
 import type { Dispatch } from "../../gpu/dispatch.ts";
-import type { ModelConfig } from "../model/config.ts";
+import { attentionScale, type ModelConfig } from "../model/config.ts";
 import type { ModelWeights } from "../model/weights.ts";
 import type { KvPool } from "../kv/pool.ts";
 import type { SlotBuffers, SlotLayout } from "./slots.ts";
@@ -19,7 +19,14 @@ import { rmsnormDispatch } from "../../kernels/rmsnorm.ts";
 import { matmulDispatches } from "../../kernels/matmul.ts";
 import { ropeKvDispatch } from "../../kernels/rope_kv.ts";
 import { attentionDispatch, chunkWords } from "../../kernels/attention.ts";
-import { attentionDecodeDispatches } from "../../kernels/attention_decode.ts";
+import { attentionDecodeDispatches, warmAttentionDecode } from "../../kernels/attention_decode.ts";
+import {
+  attendedKeys,
+  type AttentionMask,
+  bucketFor,
+  CAUSAL,
+  lengthBuckets,
+} from "../../kernels/attention_mask.ts";
 import { sampleDispatch } from "../../kernels/sample.ts";
 import { logitsStatsDispatch, topKDispatch } from "../../kernels/logits.ts";
 import { stepDispatch } from "../../kernels/step.ts";
@@ -52,7 +59,11 @@ export class ForwardPass {
   readonly #prefillSeq: GPUBuffer; // u32 [T]
   readonly #lastRow: GPUBuffer; // u32 [1]
   readonly #prefillChunk: GPUBuffer; // u32 [slot, pos0, tokens, 0] of the prefill chunk
-  #decodePlans = new Map<number, Dispatch[]>();
+  /** The attention mask compiled into the attention kernels. */
+  readonly mask: AttentionMask;
+  /** Decode attention's length buckets (tops, in keys attended; kernels/attention_mask.ts). */
+  readonly buckets: number[];
+  #decodePlans = new Map<string, Dispatch[]>();
   #verifyPlans = new Map<string, Dispatch[]>();
   #stepEnds = new Map<string, Dispatch[]>();
   #samples = new Map<string, Dispatch[]>();
@@ -65,9 +76,17 @@ export class ForwardPass {
     readonly gpu: Gpu,
     readonly cfg: ModelConfig,
     readonly w: ModelWeights,
-    o: { kv: KvPool; slots: SlotBuffers; layout: SlotLayout; maxChunk: number },
+    o: {
+      kv: KvPool;
+      slots: SlotBuffers;
+      layout: SlotLayout;
+      maxChunk: number;
+      mask?: AttentionMask;
+    },
   ) {
     this.#kv = o.kv;
+    this.mask = o.mask ?? CAUSAL;
+    this.buckets = lengthBuckets(o.layout.shape.contextLength, this.mask);
     this.#slots = o.slots;
     this.#layout = o.layout;
     this.maxChunk = o.maxChunk;
@@ -90,6 +109,29 @@ export class ForwardPass {
     this.#prefillSeq = buf(T * 4, "prefill_seq");
     this.#lastRow = buf(4, "last_row");
     this.#prefillChunk = buf(16, "prefill_chunk");
+    this.#warmBuckets();
+  }
+
+  /**
+   * Compiles decode attention's pipelines for every batch width of the longer length buckets
+   * now (the first bucket's are built as today, on first use), so the first long request does
+   * not wait for them.
+   */
+  #warmBuckets(): void {
+    const c = this.cfg, S = this.#layout.shape.maxSlots;
+    for (const top of this.buckets.slice(1)) {
+      for (let seqs = 1; seqs <= S; seqs++) {
+        warmAttentionDecode(this.gpu, {
+          seqs,
+          nHeads: c.nHeads,
+          nKvHeads: c.nKvHeads,
+          headDim: c.headDim,
+          maxContext: top,
+          kvDtype: this.#kv.dtype,
+          mask: this.mask,
+        });
+      }
+    }
   }
 
   /**
@@ -139,6 +181,9 @@ export class ForwardPass {
       nLayers: c.nLayers,
       maxBlocks: this.#layout.maxBlocks,
       kvDtype: this.#kv.dtype,
+      // yarn's cos/sin factor, squared (engine/model/config.ts), and the model's mask.
+      scale: attentionScale(c),
+      mask: this.mask,
     };
   }
 
@@ -356,9 +401,21 @@ export class ForwardPass {
     q.writeBuffer(this.#prefillChunk, 0, chunkWords(slot, pos0, n));
   }
 
-  /** One decode step of slots [0, slots): everything between two sampled tokens. */
-  decodeStep(slots: number, region: number, k: number, withTop: boolean): Dispatch[] {
-    let body = this.#decodePlans.get(slots);
+  /**
+   * One decode step of slots [0, slots): everything between two sampled tokens. `keys`: the most
+   * keys a slot holds (default the context length); decode attention runs the plan of its length
+   * bucket (any plan is correct for any length; the bucket's is the fast one).
+   */
+  decodeStep(
+    slots: number,
+    region: number,
+    k: number,
+    withTop: boolean,
+    keys = this.#layout.shape.contextLength,
+  ): Dispatch[] {
+    const bucket = bucketFor(this.buckets, attendedKeys(this.mask, keys + this.#layout.rows - 1));
+    const key = `${slots}:${bucket}`;
+    let body = this.#decodePlans.get(key);
     if (!body) {
       const g = this.gpu, c = this.cfg;
       body = [
@@ -391,13 +448,13 @@ export class ForwardPass {
             out: this.#attn,
           }, {
             seqs: slots,
-            maxContext: this.#layout.shape.contextLength,
+            maxContext: bucket,
             ...this.#heads(layer),
           })),
         // Final norm folded into the LM head: logits = norm(x) · W_lmᵀ
         ...this.#lmHead(slots, 0, this.#x, this.w.norm),
       ];
-      this.#decodePlans.set(slots, body);
+      this.#decodePlans.set(key, body);
     }
     return [
       ...body,
@@ -413,12 +470,21 @@ export class ForwardPass {
    * each row over its slot's table), the rows are sampled as plain decoding would sample them,
    * and `spec_end` accepts the longest prefix the model agrees with into the ring.
    */
-  verifyStep(slots: number, R: number, region: number, k: number, withTop: boolean): Dispatch[] {
+  verifyStep(
+    slots: number,
+    R: number,
+    region: number,
+    k: number,
+    withTop: boolean,
+    keys = this.#layout.shape.contextLength,
+  ): Dispatch[] {
     const sp = this.#slots.spec;
     if (!sp || R < 2 || R > this.#layout.rows) {
       throw new Error(`internal error: a verification pass of ${R} rows per slot`);
     }
     const rows = slots * R, c = this.cfg;
+    // Row j of a slot attends j more keys than the slot holds: the bucket of the last row's.
+    const bucket = bucketFor(this.buckets, attendedKeys(this.mask, keys + this.#layout.rows - 1));
     const spec = (entry: "spec_begin" | "spec_end", ringOffset?: number) =>
       specDispatch(this.gpu, { step: this.#slots.step, spec: sp }, {
         entry,
@@ -431,7 +497,7 @@ export class ForwardPass {
         ringOffset,
         nEos: this.#slots.eosCount,
       });
-    const body = memo(this.#verifyPlans, `${slots}:${R}`, () => [
+    const body = memo(this.#verifyPlans, `${slots}:${R}:${bucket}`, () => [
       spec("spec_begin"),
       embeddingDispatch(this.gpu, { table: this.w.embed, tokens: sp.rowTok, out: this.#x }, {
         count: rows,
@@ -459,7 +525,7 @@ export class ForwardPass {
         }, {
           seqs: rows,
           rowsPerSeq: R,
-          maxContext: this.#layout.shape.contextLength,
+          maxContext: bucket,
           ...this.#heads(layer),
         }),
       ]),

@@ -7,6 +7,7 @@
  */
 import type { SamplingOptions } from "../../api/types.ts";
 import type { Gpu } from "../../gpu/device.ts";
+import type { AttentionMask } from "../../kernels/attention_mask.ts";
 import { type Dispatch, encode } from "../../gpu/dispatch.ts";
 import { ReadbackPool } from "../../gpu/readback.ts";
 import { packSampleParams, SAMPLE_PARAMS_BYTES, SEEN_BIT } from "../../kernels/sample.ts";
@@ -29,6 +30,8 @@ const READ = GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST;
 export interface RunnerOptions extends SlotShape {
   /** Tokens per prefill chunk. */
   maxChunk: number;
+  /** The attention mask compiled into the attention kernels (default causal). */
+  mask?: AttentionMask;
 }
 
 /** What a slot needs to know of the sequence admitted into it. */
@@ -67,6 +70,7 @@ export class Runner<T extends SlotOccupant> {
       slots: this.#slots,
       layout: this.layout,
       maxChunk: opts.maxChunk,
+      mask: opts.mask,
     });
     const readback = {
       ring: new ReadbackPool(gpu.device, this.layout.ringBytes(opts.maxSteps), 8),
@@ -184,12 +188,14 @@ export class Runner<T extends SlotOccupant> {
   /**
    * Encodes `steps` decode steps of every slot up to the last live one (not submitted), plain or
    * (`speculate`, when the runner has verification rows) verification passes. `live` holds, by
-   * slot, the sequences still running: they receive their tokens when it is read.
+   * slot, the sequences still running: they receive their tokens when it is read. `keys`: the
+   * most keys a slot holds by the last step (picks decode attention's length bucket; default the
+   * context length, right for any).
    */
   decode(
     live: (T | undefined)[],
     steps: number,
-    o: { withTop: boolean; speculate?: boolean },
+    o: { withTop: boolean; speculate?: boolean; keys?: number },
   ): Submission<T> {
     const region = this.#nextRegion(), width = live.findLastIndex(Boolean) + 1;
     const R = o.speculate ? this.layout.rows : 1, f = this.forward;
@@ -197,8 +203,8 @@ export class Runner<T extends SlotOccupant> {
     for (let k = 0; k < steps; k++) {
       dispatches.push(
         ...(R > 1
-          ? f.verifyStep(width, R, region, k, o.withTop)
-          : f.decodeStep(width, region, k, o.withTop)),
+          ? f.verifyStep(width, R, region, k, o.withTop, o.keys)
+          : f.decodeStep(width, region, k, o.withTop, o.keys)),
       );
     }
     return new Submission(this.#ctx, dispatches, {
@@ -223,7 +229,7 @@ export class Runner<T extends SlotOccupant> {
   profileDecodeStep(slots: number, context: number, k = 0): Dispatch[] {
     const q = this.gpu.device.queue;
     q.writeBuffer(this.#slots.step.seqLen, 0, new Uint32Array(slots).fill(context));
-    return this.forward.decodeStep(slots, 0, k, false);
+    return this.forward.decodeStep(slots, 0, k, false, context);
   }
 
   /**
@@ -244,7 +250,7 @@ export class Runner<T extends SlotOccupant> {
       this.setSpecCap(s, R - 1);
     }
     q.writeBuffer(this.#slots.step.seqLen, 0, new Uint32Array(slots).fill(context));
-    return this.forward.verifyStep(slots, R, 0, k, false);
+    return this.forward.verifyStep(slots, R, 0, k, false, context);
   }
 
   /** Puts slots [0, slots) back to done after profiling. */

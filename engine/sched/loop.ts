@@ -5,6 +5,8 @@
  * (engine/sched/pacer.ts), reads tokens back once per submission and hands them to their
  * sequences, and ends turns into their sessions.
  */
+import type { AttentionMask } from "../../kernels/attention_mask.ts";
+import { releaseDead } from "../kv/window.ts";
 import type { Runner } from "../runner/runner.ts";
 import type { Submission } from "../runner/submission.ts";
 import type { Sessions } from "../sessions/sessions.ts";
@@ -29,6 +31,11 @@ export interface LoopParts {
   sessions: Sessions;
   /** When decode submissions are verification passes (speculative decoding). */
   speculation: SpeculationPolicy;
+  /**
+   * The attention mask the runner's kernels apply (default causal): under a window, blocks behind
+   * it are released as sequences move on (engine/kv/window.ts).
+   */
+  mask?: AttentionMask;
 }
 
 /** The loop of one engine: started by {@linkcode kick}, it runs while there is work. */
@@ -38,6 +45,7 @@ export class Loop {
   readonly #sessions: Sessions;
   readonly #kv: KvBudget;
   readonly #spec: SpeculationPolicy;
+  readonly #mask?: AttentionMask;
   #inflight: Submission<Sequence>[] = [];
   /** The next decode submission, encoded ahead but not submitted (see {@linkcode #run}). */
   #held?: Submission<Sequence>;
@@ -58,6 +66,7 @@ export class Loop {
     this.#sessions = parts.sessions;
     this.#spec = parts.speculation;
     this.#kv = poolBudget(parts.sessions.kv.blocks, parts.sessions.table);
+    if (parts.mask && parts.mask.kind !== "causal") this.#mask = parts.mask;
   }
 
   /** Whether the loop is running (it stops when no work is left). */
@@ -237,6 +246,17 @@ export class Loop {
     blocks.markComputed(ids.length);
     seq.prefillSubmitted = true;
     seq.stepsSubmitted = 1; // the prefill's last chunk samples the first token
+    this.#releaseDead(seq);
+  }
+
+  /**
+   * Under a window, gives back the blocks no query still to be submitted reads: every query
+   * before the sequence's last token is on the GPU (queue order protects those reads), and the
+   * ones to come sit at or after it. A session's blocks stay whole: its next turn may rewind.
+   */
+  #releaseDead(seq: Sequence): void {
+    if (!this.#mask || seq.slot < 0 || seq.request.sessionId !== undefined) return;
+    releaseDead(seq.blocks, this.#mask, seq.allTokens().length - 1);
   }
 
   /**
@@ -251,7 +271,21 @@ export class Loop {
       plain: this.#stepMs(`decode ${width}`),
       verify: this.#stepMs(`verify ${width}`),
     });
-    return this.#runner.decode(live, this.#sched.decodeSteps(live), { withTop, speculate });
+    const steps = this.#sched.decodeSteps(live);
+    // The most keys a slot can hold by the end of these steps (a verification step adds up to a
+    // row per draft): the launch plan's length bucket.
+    const R = speculate ? this.#runner.layout.rows : 1;
+    const keys = Math.max(
+      ...live.map((s) =>
+        s
+          ? Math.min(
+            s.promptIds.length + s.sampling.maxTokens,
+            s.blocks.tokens.length + (s.stepsSubmitted + steps) * R,
+          )
+          : 0
+      ),
+    );
+    return this.#runner.decode(live, steps, { withTop, speculate, keys });
   }
 
   /** Submits the held decode submission and books its steps. */
@@ -299,10 +333,12 @@ export class Loop {
 
   /** Hands a finished submission's tokens to their sequences. */
   #process(sub: Submission<Sequence>): void {
+    const moved = new Set<Sequence>();
     sub.read(
       (seq, token, logprob, alts) => {
         seq.accept(token, logprob, alts);
         if (seq.finished) this.#finish(seq);
+        else if (this.#mask) moved.add(seq);
       },
       (seq) => (seq.gpuDone = true),
       (seq, step) => {
@@ -312,6 +348,7 @@ export class Loop {
         if (after !== before && seq.slot >= 0) this.#runner.setSpecCap(seq.slot, after);
       },
     );
+    for (const seq of moved) this.#releaseDead(seq);
   }
 
   /**

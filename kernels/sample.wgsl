@@ -10,6 +10,10 @@
 //   6. u = Philox4x32-10(counter (position, 0, 0, 0), key (seed_lo, seed_hi)).x >> 8, * 2^-24;
 //      the token is the first kept id, scanning ids upward, whose cumulative weight exceeds u * S.
 //   logprob = logit[tok] - logsumexp(raw logits) (unpenalised, untempered).
+//   0. Before all of it, a constrained row (SampleParams.grammar) sets the tokens its grammar does
+//      not allow to the NEG sentinel (weight 0 at every temperature); the prelude (grammar_mask.wgsl
+//      or grammar_nomask.wgsl) supplies mask_setup / mask_allows. logit_bias is already in the
+//      logits (kernels/constraint.wgsl apply_bias), so the logprob includes it.
 //
 // Every filter keeps a prefix of one total order, so the kept set is "a cut" (key, id): tokens
 // whose order key is above `key`, plus those equal to `key` with id <= `id`. A cut is found
@@ -28,7 +32,9 @@ struct SampleParams {
   frequency_penalty: f32,
   seed_lo: u32,
   seed_hi: u32,
-  _pad0: u32, _pad1: u32, _pad2: u32,
+  grammar: u32, // first word of the row's grammar tables (grammar_mask.wgsl), or NO_GRAMMAR
+  n_bias: u32, // logit_bias entries (kernels/constraint.wgsl)
+  _pad2: u32,
 }
 
 struct Dims { rows: u32, vocab: u32, _pad0: u32, _pad1: u32 } // rows: or Philox vectors
@@ -110,6 +116,9 @@ fn philox4x32(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
 // ---- per-token values (recomputed identically in every pass) ----
 
 fn penalised(i: u32) -> f32 {
+  if (!mask_allows(i)) {
+    return NEG;
+  }
   var x = logits[base + i];
   if (has_pen) {
     let c = counts[cbase + i];
@@ -390,12 +399,14 @@ fn row_stats() -> RowStats {
   return r;
 }
 
-// Samples logits row `row` with sequence `seq`'s parameters and penalty counts (plus `extra`).
-fn sample_row(row: u32, seq: u32) {
+// Samples logits row `row` with sequence `seq`'s parameters and penalty counts (plus `extra`); the
+// row is the sequence's `j`-th of a verification pass (0 otherwise).
+fn sample_row(row: u32, seq: u32, j: u32) {
   V = dims.vocab;
   base = row * V;
   cbase = seq * V;
   sp = params[seq];
+  mask_setup(sp.grammar, seq, j);
   has_pen = sp.repetition_penalty != 1.0 || sp.presence_penalty != 0.0 ||
     sp.frequency_penalty != 0.0;
   let st = row_stats();
@@ -430,7 +441,7 @@ fn main(
   if (row >= dims.rows) { return; }
   lid = li;
   n_extra = 0u;
-  sample_row(row, row);
+  sample_row(row, row, 0u);
 }
 
 // A verification pass: row j of a sequence samples the token after its drafts 1..j exactly as
@@ -451,7 +462,7 @@ fn verify_main(
   for (var t = 0u; t < n_extra; t++) {
     extra[t] = row_tok[seq * SEQ_ROWS + 1u + t];
   }
-  sample_row(row, seq);
+  sample_row(row, seq, j);
 }
 
 // counts[row, token] += 1 and mark seen, for the token main() wrote to `out`.

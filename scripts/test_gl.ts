@@ -15,6 +15,7 @@ export const GL_FILES = [
   "tests/kernels_attention_test.ts",
   "tests/kernels_mask_test.ts",
   "tests/sampling_test.ts",
+  "tests/kernels_constraint_test.ts",
 ];
 
 /** What the GL runs add to the environment. */
@@ -26,7 +27,7 @@ Runs the kernel tests on wgpu's GL backend (Mesa llvmpipe, no shader-f16), one d
 per file, and ends with one summary: "N passed, N failed". Exits 1 when anything failed. Takes
 about a minute on a 2-core CPU machine.
 
-  FILE ...   the test files (default: these five)
+  FILE ...   the test files (default: these)
 ${GL_FILES.map((f) => `               ${f}`).join("\n")}
   -h, --help this text
 

@@ -165,7 +165,8 @@ const KERNELS: [string, string][] = [
     (f): [string, string] => [f, wgsl("matmul_common.wgsl")],
   ),
   ["matmul_reduce.wgsl", wgsl("matmul_common.wgsl")],
-  ["sample.wgsl", ""],
+  ["sample.wgsl", wgsl("grammar_nomask.wgsl")],
+  ["sample.wgsl", wgsl("grammar_mask.wgsl")],
   ["logits.wgsl", ""],
   ["rope_kv.wgsl", wgsl("rope_common.wgsl")],
 ];

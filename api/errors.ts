@@ -1,5 +1,5 @@
 /** Errors the engine raises at its edge; the server maps each to an HTTP status. */
-import type { GenerateRequest } from "./types.ts";
+import { type GenerateRequest, MAX_LOGIT_BIAS } from "./types.ts";
 
 /**
  * The request cannot fit the model's context (400, code context_length_exceeded). The message
@@ -60,15 +60,31 @@ export class InvalidRequestError extends Error {
  * The checks of a request that need only the model's vocabulary size and context length (the
  * worker's proxy runs them on the server's thread, so their errors come before any token).
  *
- * @throws InvalidRequestError for an empty prompt or a token id outside the vocabulary,
+ * @throws InvalidRequestError for an empty prompt, a token id outside the vocabulary, a bad
+ *   logit_bias, or a constraint that max_tokens cannot finish (or that may not stop at EOS);
  *   ContextLengthError when prompt + max tokens exceed `contextLength`
  */
 export function checkRequest(
-  request: Pick<GenerateRequest, "promptIds" | "sampling">,
+  request: Pick<GenerateRequest, "promptIds" | "sampling" | "constraint">,
   vocabSize: number,
   contextLength: number,
 ): void {
   const { promptIds, sampling } = request;
+  if (sampling.logitBias) checkLogitBias(sampling.logitBias, vocabSize);
+  const c = request.constraint;
+  if (c && sampling.maxTokens < c.minTokens) {
+    throw new InvalidRequestError(
+      `max_tokens ${sampling.maxTokens} cannot finish this response_format: the shortest ` +
+        `output that matches it takes ${c.minTokens} tokens; raise max_tokens`,
+      "max_tokens",
+    );
+  }
+  if (c && sampling.stopAtEos === false) {
+    throw new InvalidRequestError(
+      "a constrained output ends at EOS once it is complete: ignore_eos cannot be used with it",
+      "ignore_eos",
+    );
+  }
   if (promptIds.length === 0) throw new InvalidRequestError("the prompt is empty", "prompt");
   const bad = promptIds.find((t) => !Number.isInteger(t) || t < 0 || t >= vocabSize);
   if (bad !== undefined) {
@@ -79,5 +95,27 @@ export function checkRequest(
   }
   if (promptIds.length + sampling.maxTokens > contextLength) {
     throw new ContextLengthError(promptIds.length, sampling.maxTokens, contextLength);
+  }
+}
+
+/**
+ * @throws InvalidRequestError (param `logit_bias`) unless `pairs` are at most MAX_LOGIT_BIAS
+ *   distinct token ids of the vocabulary with finite biases in [-100, 100]
+ */
+function checkLogitBias(pairs: readonly (readonly [number, number])[], vocabSize: number): void {
+  const bad = (why: string) => new InvalidRequestError(`logit_bias: ${why}`, "logit_bias");
+  if (pairs.length > MAX_LOGIT_BIAS) {
+    throw bad(`${pairs.length} entries; at most ${MAX_LOGIT_BIAS}`);
+  }
+  const seen = new Set<number>();
+  for (const [id, bias] of pairs) {
+    if (!Number.isInteger(id) || id < 0 || id >= vocabSize) {
+      throw bad(`token id ${id} is outside the vocabulary [0, ${vocabSize})`);
+    }
+    if (seen.has(id)) throw bad(`token id ${id} appears twice`);
+    seen.add(id);
+    if (!(typeof bias === "number" && Number.isFinite(bias) && bias >= -100 && bias <= 100)) {
+      throw bad(`the bias of token ${id} must be a number from -100 to 100; got ${bias}`);
+    }
   }
 }

@@ -23,6 +23,29 @@ export interface SamplingOptions {
   topLogprobs: number;
   /** Stop at the model's EOS tokens (default true). */
   stopAtEos?: boolean;
+  /**
+   * Added to the raw logits of these tokens before anything else (OpenAI's `logit_bias`): at most
+   * {@linkcode MAX_LOGIT_BIAS} (token id, bias) pairs, ids distinct and in the vocabulary, biases
+   * in [-100, 100]; -100 bans a token in effect. Logprobs are of the biased logits.
+   */
+  logitBias?: [number, number][];
+}
+
+/** logit_bias entries a request may have at most. */
+export const MAX_LOGIT_BIAS = 1024;
+
+/** What a constrained generation must produce (OpenAI's `response_format`, a tool's schema). */
+export type ConstraintSpec =
+  | { type: "json_object" }
+  | { type: "json_schema"; schema: unknown; strict?: boolean }
+  | { type: "regex"; pattern: string };
+
+/** A constraint compiled for the engine's vocabulary ({@linkcode EngineLike.compileConstraint}). */
+export interface Constraint {
+  /** Names the compiled tables (the same spec compiles once). */
+  key: string;
+  /** max_tokens below this cannot finish the constrained text: refuse such requests. */
+  minTokens: number;
 }
 
 /** One generated token as streamed to callers. */
@@ -79,6 +102,11 @@ export interface GenerateRequest {
   tenant?: string;
   /** false: never speculate for this request (default: as the engine decides). */
   speculation?: boolean;
+  /**
+   * The output must match this (compiled by `compileConstraint`): the GPU sampler allows only
+   * tokens that keep it possible, and the generation stops at EOS once it is complete.
+   */
+  constraint?: Constraint;
   signal?: AbortSignal;
 }
 
@@ -144,6 +172,15 @@ export interface EngineLike {
   detokenize(ids: number[]): Promise<string>;
   /** Whether the tokenizer has a token `id` (a map lookup, at once). */
   knowsToken(id: number): boolean;
+  /**
+   * Compiles a constraint for the model's vocabulary, off the caller's thread where it can be
+   * (cached per spec).
+   *
+   * @param path where the spec sits in the request, for error messages
+   *   (default "response_format.json_schema.schema", or "pattern" for a regex)
+   * @throws InvalidRequestError naming the unsupported keyword or construct (a 400)
+   */
+  compileConstraint(spec: ConstraintSpec, path?: string): Promise<Constraint>;
   generate(request: GenerateRequest): Generation;
   session(id: string): SessionInfo | undefined;
   deleteSession(id: string): Promise<boolean>;

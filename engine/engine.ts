@@ -7,6 +7,8 @@
  * about them.
  */
 import type {
+  Constraint,
+  ConstraintSpec,
   EngineLike,
   GenerateRequest,
   Generation,
@@ -41,6 +43,7 @@ import { Scheduler } from "./sched/scheduler.ts";
 import { Sequence } from "./sched/sequence.ts";
 import { SpeculationPolicy } from "./sched/speculation.ts";
 import { MAX_SPEC_ROWS } from "../kernels/speculate.ts";
+import { ConstraintCompiler, ConstraintImages } from "./constraints.ts";
 
 /** Options for {@linkcode Engine.load}. */
 export interface EngineOptions {
@@ -129,6 +132,8 @@ export class Engine implements EngineLike {
   readonly #loop: Loop;
   readonly #weights: ModelWeights;
   readonly #speculation: SpeculationPolicy;
+  readonly #compiler: ConstraintCompiler;
+  readonly #images = new ConstraintImages();
   /** A score runs: it uses slot 0, so no generation may start meanwhile. */
   #scoring = false;
 
@@ -136,7 +141,12 @@ export class Engine implements EngineLike {
     readonly gpu: Gpu,
     model: GpuModel,
     readonly opts: Settled,
-    parts: { kv: KvPool; runner: Runner<Sequence>; store?: SessionStore },
+    parts: {
+      kv: KvPool;
+      runner: Runner<Sequence>;
+      compiler: ConstraintCompiler;
+      store?: SessionStore;
+    },
   ) {
     this.modelId = model.id;
     this.tokenizer = model.tokenizer;
@@ -147,6 +157,7 @@ export class Engine implements EngineLike {
     this.kvDtype = opts.kvDtype;
     this.#kv = parts.kv;
     this.runner = parts.runner;
+    this.#compiler = parts.compiler;
     this.#sched = new Scheduler(opts);
     this.#sessions = new Sessions(parts.kv, model.id, parts.store);
     this.#speculation = new SpeculationPolicy({ rows: this.runner.specRows, mode: opts.speculate });
@@ -239,9 +250,11 @@ export class Engine implements EngineLike {
       );
     }
     const kv = new KvPool(gpu, cfg, { numBlocks, dtype: opts.kvDtype });
+    const compiler = new ConstraintCompiler(tokenizer, cfg.vocabSize);
     const runner = new Runner<Sequence>(gpu, cfg, weights, {
       kv,
       eosIds: tokenizer.eosIds,
+      tokenBytes: () => compiler.tokenBytes(),
       options: {
         maxSlots: opts.maxSlots,
         maxChunk: opts.maxChunk,
@@ -253,7 +266,7 @@ export class Engine implements EngineLike {
         mask: opts.mask,
       },
     });
-    return new Engine(gpu, model, opts, { kv, runner, store: options.store });
+    return new Engine(gpu, model, opts, { kv, runner, compiler, store: options.store });
   }
 
   encode(text: string): number[] {
@@ -283,6 +296,20 @@ export class Engine implements EngineLike {
 
   knowsToken(id: number): boolean {
     return this.tokenizer.knows(id);
+  }
+
+  /** Compiles `spec` on this thread (engine/constraints.ts; the worker engine compiles apart). */
+  compileConstraint(spec: ConstraintSpec, path?: string): Promise<Constraint> {
+    return Promise.resolve().then(() => {
+      const c = this.#compiler.compile(spec, path);
+      this.#images.register(c.key, c.image);
+      return { key: c.key, minTokens: c.minTokens };
+    });
+  }
+
+  /** Keeps a constraint compiled elsewhere (the worker engine's tokenizer workers). */
+  registerConstraint(key: string, image: Uint32Array): void {
+    this.#images.register(key, image);
   }
 
   /** The weights' element type and their bytes on the GPU. */
@@ -441,6 +468,7 @@ export class Engine implements EngineLike {
     const table = this.#sessions.table;
     const session = request.sessionId ? table.get(request.sessionId) : undefined;
     if (session?.busy) throw new SessionBusyError(request.sessionId!);
+    const grammar = request.constraint && this.#images.get(request.constraint);
     const root = scopeRoot(request.tenant);
     if (session && session.blocks.root !== root) {
       // The routes give each tenant its own session ids: a mismatch is a bug, not a request.
@@ -473,7 +501,9 @@ export class Engine implements EngineLike {
       cancel: (s) => this.#loop.cancel(s),
       onToken,
       durable: this.opts.kvSync && request.sessionId !== undefined,
-      speculate: this.runner.specRows > 1 && request.speculation !== false,
+      // A grammar's state advances a token per step: its slot does not speculate.
+      speculate: this.runner.specRows > 1 && request.speculation !== false && !grammar,
+      grammar,
     });
     this.#sched.enqueue(seq);
     request.signal?.addEventListener("abort", () => seq.cancel(), { once: true });

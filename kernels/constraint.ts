@@ -9,8 +9,10 @@ import { pipeline } from "./pipeline.ts";
 import { bindAt, type Binding } from "./sample.ts";
 import { NO_TOKEN } from "./step.ts";
 
+import { MAX_LOGIT_BIAS } from "../api/types.ts";
+
 /** logit_bias entries a sequence may have at most (a row of the bias buffer). */
-export const MAX_LOGIT_BIAS = 1024;
+export { MAX_LOGIT_BIAS };
 /** Bytes of one bias entry: (token u32, bias f32). */
 export const BIAS_ENTRY_BYTES = 8;
 

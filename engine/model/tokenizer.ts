@@ -55,6 +55,8 @@ type Json = Record<string, unknown>;
 export class TextTokenizer {
   /** The parsed tokenizer_config.json. */
   readonly tokenizerConfig: Json;
+  /** The parsed tokenizer.json (constrained decoding reads each token's bytes from it). */
+  readonly tokenizerJson: Json;
   /** Ids that end generation: the model's EOS ids plus the tokenizer's `eos_token`. */
   readonly eosIds: number[];
   readonly bosId?: number;
@@ -74,6 +76,7 @@ export class TextTokenizer {
    */
   constructor(tokenizerJson: Json, tokenizerConfig: Json, options: TextTokenizerOptions = {}) {
     this.tokenizerConfig = tokenizerConfig;
+    this.tokenizerJson = tokenizerJson;
     this.#tok = new Tokenizer(tokenizerJson, tokenizerConfig);
     this.#cleanUp = tokenizerConfig.clean_up_tokenization_spaces === true;
     const added = (tokenizerJson.added_tokens ?? []) as { id: number; special?: boolean }[];

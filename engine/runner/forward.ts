@@ -27,10 +27,11 @@ import {
   CAUSAL,
   lengthBuckets,
 } from "../../kernels/attention_mask.ts";
-import { sampleDispatch } from "../../kernels/sample.ts";
-import { logitsStatsDispatch, topKDispatch } from "../../kernels/logits.ts";
+import { logitsStatsDispatch } from "../../kernels/logits.ts";
 import { stepDispatch } from "../../kernels/step.ts";
 import { specDispatch } from "../../kernels/speculate.ts";
+import type { SlotConstraints } from "./constraints.ts";
+import { memo, StepTail, type TailFlags } from "./step_tail.ts";
 
 /** Sizes of the scratch, fixed when the forward pass is created. */
 export interface ForwardOptions {
@@ -65,8 +66,7 @@ export class ForwardPass {
   readonly buckets: number[];
   #decodePlans = new Map<string, Dispatch[]>();
   #verifyPlans = new Map<string, Dispatch[]>();
-  #stepEnds = new Map<string, Dispatch[]>();
-  #samples = new Map<string, Dispatch[]>();
+  readonly #tail: StepTail;
   #prefills = new Map<string, Dispatch[]>();
   #prefillTails = new Map<string, Dispatch[]>();
   #scores = new Map<string, Dispatch[]>();
@@ -82,6 +82,7 @@ export class ForwardPass {
       layout: SlotLayout;
       maxChunk: number;
       mask?: AttentionMask;
+      constraints: SlotConstraints;
     },
   ) {
     this.#kv = o.kv;
@@ -109,6 +110,13 @@ export class ForwardPass {
     this.#prefillSeq = buf(T * 4, "prefill_seq");
     this.#lastRow = buf(4, "last_row");
     this.#prefillChunk = buf(16, "prefill_chunk");
+    this.#tail = new StepTail(gpu, V, {
+      slots: o.slots,
+      layout: o.layout,
+      constraints: o.constraints,
+      logits: this.#logits,
+      stats: this.#stats,
+    });
     this.#warmBuckets();
   }
 
@@ -213,60 +221,6 @@ export class ForwardPass {
   }
 
   /**
-   * Sampling for rows [0, rows) and optional top-k alternatives into the top ring; a
-   * verification pass (`spec` R) samples R rows per slot.
-   */
-  #sample(rows: number, region: number, k: number, withTop: boolean, spec = 1): Dispatch[] {
-    const key = `${rows}:${spec}:${withTop ? `${region}:${k}` : ""}`;
-    return memo(this.#samples, key, () => this.#buildSample(rows, region, k, withTop, spec));
-  }
-
-  #buildSample(rows: number, region: number, k: number, withTop: boolean, R: number): Dispatch[] {
-    const g = this.gpu, V = this.cfg.vocabSize, sp = this.#slots.spec;
-    const out = [sampleDispatch(g, {
-      logits: this.#logits,
-      params: this.#slots.params,
-      // A verification row draws at its own position: the length it attends.
-      position: R > 1 ? sp!.rowLen : this.#slots.step.seqLen,
-      counts: this.#slots.step.counts,
-      out: this.#slots.step.sampled,
-      rowTok: sp?.rowTok,
-    }, { rows, vocab: V, rowsPerSeq: R })];
-    if (withTop) {
-      out.push(logitsStatsDispatch(g, { logits: this.#logits, stats: this.#stats }, {
-        rows,
-        vocab: V,
-      }));
-      const top = {
-        buffer: this.#slots.topRing,
-        offset: (region * this.#layout.shape.maxSteps + k) * this.#layout.topStride(),
-        size: this.#layout.topStride(),
-      };
-      out.push(topKDispatch(g, { logits: this.#logits, stats: this.#stats, out: top }, {
-        rows,
-        vocab: V,
-        k: this.#layout.shape.topK,
-      }));
-    }
-    return out;
-  }
-
-  #stepEnd(slotBegin: number, slotEnd: number, region: number, k: number): Dispatch[] {
-    const key = `${slotBegin}:${slotEnd}:${region}:${k}`;
-    return memo(this.#stepEnds, key, () => [stepDispatch(this.gpu, this.#slots.step, {
-      entry: "step_end",
-      slotBegin,
-      slotEnd,
-      vocab: this.cfg.vocabSize,
-      ringOffset: this.#layout.ringOffset(region, k),
-      trashPos: this.#layout.trashPos,
-      nEos: this.#slots.eosCount,
-      ringStride: this.#layout.ringStride,
-      histLen: this.#slots.spec ? this.#layout.shape.contextLength : 0,
-    })], 4096);
-  }
-
-  /**
    * Rows a prefill chunk of `count` tokens runs as: its size class (powers of two up to 32,
    * then multiples of 32, at most maxChunk). Launches are built once per class, and the chunk's
    * slot, position and length are read from buffers when it runs: building one costs about
@@ -285,7 +239,7 @@ export class ForwardPass {
    */
   prefill(
     count: number,
-    o: { slot: number; pos0: number; last: boolean; region: number; withTop: boolean },
+    o: { slot: number; pos0: number; last: boolean; region: number } & TailFlags,
   ): Dispatch[] {
     const rows = this.prefillRows(count);
     const body = memo(this.#prefills, `${rows}`, () => this.#buildPrefill(rows), 64);
@@ -308,8 +262,8 @@ export class ForwardPass {
     return [
       ...body,
       ...logits,
-      ...this.#sample(o.slot + 1, o.region, 0, o.withTop),
-      ...this.#stepEnd(o.slot, o.slot + 1, o.region, 0),
+      ...this.#tail.sample(o.slot + 1, o.region, 0, o, 1, o.slot),
+      ...this.#tail.stepEnd(o.slot, o.slot + 1, o.region, 0, o),
     ];
   }
 
@@ -410,7 +364,7 @@ export class ForwardPass {
     slots: number,
     region: number,
     k: number,
-    withTop: boolean,
+    f: TailFlags,
     keys = this.#layout.shape.contextLength,
   ): Dispatch[] {
     const bucket = bucketFor(this.buckets, attendedKeys(this.mask, keys + this.#layout.rows - 1));
@@ -458,8 +412,8 @@ export class ForwardPass {
     }
     return [
       ...body,
-      ...this.#sample(slots, region, k, withTop),
-      ...this.#stepEnd(0, slots, region, k),
+      ...this.#tail.sample(slots, region, k, f),
+      ...this.#tail.stepEnd(0, slots, region, k, f),
     ];
   }
 
@@ -475,7 +429,7 @@ export class ForwardPass {
     R: number,
     region: number,
     k: number,
-    withTop: boolean,
+    f: TailFlags,
     keys = this.#layout.shape.contextLength,
   ): Dispatch[] {
     const sp = this.#slots.spec;
@@ -485,20 +439,17 @@ export class ForwardPass {
     const rows = slots * R, c = this.cfg;
     // Row j of a slot attends j more keys than the slot holds: the bucket of the last row's.
     const bucket = bucketFor(this.buckets, attendedKeys(this.mask, keys + this.#layout.rows - 1));
-    const spec = (entry: "spec_begin" | "spec_end", ringOffset?: number) =>
+    const body = memo(this.#verifyPlans, `${slots}:${R}:${bucket}`, () => [
       specDispatch(this.gpu, { step: this.#slots.step, spec: sp }, {
-        entry,
+        entry: "spec_begin",
         slotBegin: 0,
         slotEnd: slots,
         rows: R,
         histLen: this.#layout.shape.contextLength,
         trashPos: this.#layout.trashPos,
         vocab: c.vocabSize,
-        ringOffset,
         nEos: this.#slots.eosCount,
-      });
-    const body = memo(this.#verifyPlans, `${slots}:${R}:${bucket}`, () => [
-      spec("spec_begin"),
+      }),
       embeddingDispatch(this.gpu, { table: this.w.embed, tokens: sp.rowTok, out: this.#x }, {
         count: rows,
       }),
@@ -531,20 +482,10 @@ export class ForwardPass {
       ]),
       ...this.#lmHead(rows, 0, this.#x, this.w.norm),
     ]);
-    const end = memo(this.#stepEnds, `spec:${slots}:${R}:${region}:${k}`, () => [
-      spec("spec_end", this.#layout.ringOffset(region, k)),
-    ], 4096);
-    return [...body, ...this.#sample(rows, region, k, withTop, R), ...end];
+    return [
+      ...body,
+      ...this.#tail.sample(rows, region, k, f, R),
+      ...this.#tail.specEnd(slots, R, region, k, f),
+    ];
   }
-}
-
-/** Memoises built dispatches (each owns a uniform buffer), keeping the newest `limit`. */
-function memo(cache: Map<string, Dispatch[]>, key: string, build: () => Dispatch[], limit = 256) {
-  let d = cache.get(key);
-  if (!d) {
-    d = build();
-    cache.set(key, d);
-    if (cache.size > limit) cache.delete(cache.keys().next().value!);
-  }
-  return d;
 }

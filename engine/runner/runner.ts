@@ -15,6 +15,7 @@ import { DONE, SLOT_STATE_BYTES, slotStateWords } from "../../kernels/step.ts";
 import type { ModelConfig } from "../model/config.ts";
 import type { ModelWeights } from "../model/weights.ts";
 import type { KvPool } from "../kv/pool.ts";
+import { type GrammarImage, SlotConstraints } from "./constraints.ts";
 import { ForwardPass } from "./forward.ts";
 import { createSlotBuffers, type SlotBuffers, SlotLayout, type SlotShape } from "./slots.ts";
 import {
@@ -45,6 +46,8 @@ export interface SlotAdmission {
   seed: bigint;
   /** Most drafts per verification step (0: this sequence does not speculate). */
   specCap?: number;
+  /** The grammar its output must match (docs/grammar.md): its tables, named by their spec. */
+  grammar?: GrammarImage;
 }
 
 /** The batch on the GPU: per-slot state, and the work that advances it. */
@@ -53,24 +56,39 @@ export class Runner<T extends SlotOccupant> {
   /** Dispatch builders over the weights, the KV pool and the slot buffers. */
   readonly forward: ForwardPass;
   readonly #slots: SlotBuffers;
+  /** Grammar tables and states, logit_bias rows (engine/runner/constraints.ts). */
+  readonly constraints: SlotConstraints;
+  readonly #tokenBytes?: () => Uint32Array;
   readonly #ctx: SubmissionContext;
   #region = 0;
 
+  /**
+   * @param o.tokenBytes the model's token-bytes image (engine/grammar/vocab.ts tokenBytesImage),
+   *   asked for when the first constrained sequence is admitted
+   */
   constructor(
     readonly gpu: Gpu,
     readonly cfg: ModelConfig,
     weights: ModelWeights,
-    o: { kv: KvPool; options: RunnerOptions; eosIds: number[] },
+    o: {
+      kv: KvPool;
+      options: RunnerOptions;
+      eosIds: number[];
+      tokenBytes?: () => Uint32Array;
+    },
   ) {
     const opts = o.options;
     this.layout = new SlotLayout(opts);
     this.#slots = createSlotBuffers(gpu, this.layout, { vocab: cfg.vocabSize, eosIds: o.eosIds });
+    this.constraints = new SlotConstraints(gpu, opts.maxSlots);
+    this.#tokenBytes = o.tokenBytes;
     this.forward = new ForwardPass(gpu, cfg, weights, {
       kv: o.kv,
       slots: this.#slots,
       layout: this.layout,
       maxChunk: opts.maxChunk,
       mask: opts.mask,
+      constraints: this.constraints,
     });
     const readback = {
       ring: new ReadbackPool(gpu.device, this.layout.ringBytes(opts.maxSteps), 8),
@@ -86,11 +104,19 @@ export class Runner<T extends SlotOccupant> {
 
   /**
    * Writes the state of a sequence taking `slot`: its block table (the last column stays the
-   * trash block), penalty counts, sampling parameters, token budget and length. Queue-ordered:
-   * work submitted before still sees the slot's previous state.
+   * trash block), penalty counts, sampling parameters, grammar and logit_bias, token budget and
+   * length. Queue-ordered: work submitted before still sees the slot's previous state.
+   *
+   * @throws ArenaFullError (engine/runner/constraints.ts) when its grammar's tables cannot be
+   *   placed; nothing of the slot is written then
    */
   admit(slot: number, a: SlotAdmission): void {
     const q = this.gpu.device.queue, V = this.cfg.vocabSize, { maxBlocks } = this.layout;
+    const words = this.constraints.admit(slot, {
+      grammar: a.grammar,
+      bias: a.sampling.logitBias,
+      tokenBytes: this.#tokenBytes,
+    });
     const table = new Uint32Array(maxBlocks);
     table.set(a.table.slice(0, maxBlocks - 1));
     q.writeBuffer(this.#slots.blockTable, slot * maxBlocks * 4, table);
@@ -100,7 +126,7 @@ export class Runner<T extends SlotOccupant> {
     q.writeBuffer(
       this.#slots.params,
       slot * SAMPLE_PARAMS_BYTES,
-      packSampleParams({ ...a.sampling, seed: a.seed }),
+      packSampleParams({ ...a.sampling, seed: a.seed, ...words }),
     );
     const sp = this.#slots.spec, R = this.layout.rows;
     const state = {
@@ -136,6 +162,7 @@ export class Runner<T extends SlotOccupant> {
    */
   stop(slot: number): void {
     const q = this.gpu.device.queue;
+    this.constraints.release(slot);
     q.writeBuffer(this.#slots.step.slotState, slot * SLOT_STATE_BYTES, slotStateWords(DONE));
   }
 
@@ -162,15 +189,16 @@ export class Runner<T extends SlotOccupant> {
       const last = p + part.length === ids.length;
       f.writePrefill(part, slot, p);
       const region = this.#nextRegion();
+      const slots = new Array<T | undefined>(this.layout.shape.maxSlots).fill(undefined);
+      slots[slot] = o.occupant;
       const dispatches = f.prefill(part.length, {
         slot,
         pos0: p,
         last,
         region,
         withTop: o.withTop,
+        ...this.constraints.flags(slots),
       });
-      const slots = new Array<T | undefined>(this.layout.shape.maxSlots).fill(undefined);
-      slots[slot] = o.occupant;
       commit(
         new Submission(this.#ctx, dispatches, {
           region,
@@ -199,12 +227,13 @@ export class Runner<T extends SlotOccupant> {
   ): Submission<T> {
     const region = this.#nextRegion(), width = live.findLastIndex(Boolean) + 1;
     const R = o.speculate ? this.layout.rows : 1, f = this.forward;
+    const flags = { withTop: o.withTop, ...this.constraints.flags(live) };
     const dispatches: Dispatch[] = [];
     for (let k = 0; k < steps; k++) {
       dispatches.push(
         ...(R > 1
-          ? f.verifyStep(width, R, region, k, o.withTop, o.keys)
-          : f.decodeStep(width, region, k, o.withTop, o.keys)),
+          ? f.verifyStep(width, R, region, k, flags, o.keys)
+          : f.decodeStep(width, region, k, flags, o.keys)),
       );
     }
     return new Submission(this.#ctx, dispatches, {
@@ -229,7 +258,7 @@ export class Runner<T extends SlotOccupant> {
   profileDecodeStep(slots: number, context: number, k = 0): Dispatch[] {
     const q = this.gpu.device.queue;
     q.writeBuffer(this.#slots.step.seqLen, 0, new Uint32Array(slots).fill(context));
-    return this.forward.decodeStep(slots, 0, k, false, context);
+    return this.forward.decodeStep(slots, 0, k, { withTop: false }, context);
   }
 
   /**
@@ -250,7 +279,7 @@ export class Runner<T extends SlotOccupant> {
       this.setSpecCap(s, R - 1);
     }
     q.writeBuffer(this.#slots.step.seqLen, 0, new Uint32Array(slots).fill(context));
-    return this.forward.verifyStep(slots, R, 0, k, false, context);
+    return this.forward.verifyStep(slots, R, 0, k, { withTop: false }, context);
   }
 
   /** Puts slots [0, slots) back to done after profiling. */

@@ -227,13 +227,21 @@ export class Loop {
 
   #prefill(seq: Sequence): void {
     const { blocks } = seq, ids = blocks.tokens, withTop = seq.topLogprobs > 0;
-    this.#runner.admit(seq.slot, {
-      table: blocks.table,
-      tokens: ids,
-      sampling: seq.sampling,
-      seed: seq.seed,
-      specCap: this.#spec.cap(seq.spec),
-    });
+    try {
+      this.#runner.admit(seq.slot, {
+        table: blocks.table,
+        tokens: ids,
+        sampling: seq.sampling,
+        seed: seq.seed,
+        specCap: this.#spec.cap(seq.spec),
+        grammar: seq.grammar,
+      });
+    } catch (e) {
+      // Its grammar's tables found no room (ArenaFullError, a 429): it ends before it began.
+      seq.fail(e);
+      this.#finish(seq);
+      return;
+    }
     this.#runner.prefill(
       seq.slot,
       ids,

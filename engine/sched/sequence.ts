@@ -14,6 +14,7 @@ import type { SequenceBlocks } from "../kv/blocks.ts";
 import type { TextTokenizer } from "../model/tokenizer.ts";
 import { Channel } from "./channel.ts";
 import { StopMatcher } from "../model/stop.ts";
+import type { GrammarImage } from "../runner/constraints.ts";
 import { newSpecStats, type SpecStats } from "./speculation.ts";
 
 /** What {@linkcode Sequence} needs from the engine. */
@@ -34,6 +35,8 @@ export interface SequenceInit {
   durable?: boolean;
   /** The engine speculates and the request allows it (`"speculation": false` opts out). */
   speculate?: boolean;
+  /** The tables of the request's constraint (engine/constraints.ts). */
+  grammar?: GrammarImage;
 }
 
 /** Draws a random u64 seed. */
@@ -52,6 +55,8 @@ export class Sequence {
   readonly spec: SpecStats;
   readonly generation: Generation;
   readonly promptIds: number[];
+  /** The tables its output must match, when the request is constrained. */
+  readonly grammar?: GrammarImage;
   /** Batch slot while admitted, else -1. */
   slot = -1;
   prefillSubmitted = false;
@@ -82,6 +87,7 @@ export class Sequence {
     this.blocks = init.blocks;
     this.spec = newSpecStats(init.speculate ?? false);
     this.promptIds = init.request.promptIds;
+    if (init.grammar) this.grammar = init.grammar;
     this.seed = this.sampling.seed ?? randomSeed();
     this.#tokenizer = init.tokenizer;
     this.#detok = init.tokenizer.createDetokenizer();

@@ -17,6 +17,8 @@
  * mirror (as of the worker's last message).
  */
 import type {
+  Constraint,
+  ConstraintSpec,
   EngineLike,
   GenerateRequest,
   Generation,
@@ -167,6 +169,18 @@ export class WorkerEngine implements EngineLike {
   }
 
   /**
+   * Compiles in a tokenizer worker and hands the tables to the engine's worker, which keeps them
+   * for the requests that name the result.
+   *
+   * @throws InvalidRequestError for a spec the compiler refuses
+   */
+  async compileConstraint(spec: ConstraintSpec, path?: string): Promise<Constraint> {
+    const c = await this.#tokenizers.compile(spec, path);
+    await this.#call("registerConstraint", c.key, c.image);
+    return { key: c.key, minTokens: c.minTokens };
+  }
+
+  /**
    * Sequences running and waiting: every generation this thread started and has not seen end is
    * one of the two, the worker's last count says how many run.
    */
@@ -248,6 +262,7 @@ export class WorkerEngine implements EngineLike {
         sessionId,
         tenant: request.tenant,
         speculation: request.speculation,
+        constraint: request.constraint,
       } satisfies ToWorker,
     );
     const cancel = () => {

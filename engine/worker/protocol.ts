@@ -4,6 +4,7 @@
  * the engine's error classes and their fields survive structured cloning.
  */
 import type {
+  Constraint,
   GenerationResult,
   KvStats,
   SamplingOptions,
@@ -64,7 +65,12 @@ export interface WireError {
 }
 
 /** Requests this thread can make of the worker beyond generating. */
-export type CallMethod = "deleteSession" | "flushSnapshots" | "hostStats" | "setSpeculation";
+export type CallMethod =
+  | "deleteSession"
+  | "flushSnapshots"
+  | "hostStats"
+  | "setSpeculation"
+  | "registerConstraint";
 
 /** Messages to the worker. */
 export type ToWorker =
@@ -77,6 +83,7 @@ export type ToWorker =
     sessionId?: string;
     tenant?: string;
     speculation?: boolean;
+    constraint?: Constraint;
   }
   | { t: "cancel"; id: number }
   | { t: "call"; rid: number; method: CallMethod; args: unknown[] }

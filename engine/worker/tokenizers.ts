@@ -4,6 +4,8 @@
  * so a client sending a megabyte of prompt never holds up another's request or `/health`. Each
  * worker holds its own tokenizer; a request goes to the one with the least work waiting.
  */
+import type { ConstraintSpec } from "../../api/types.ts";
+import { InvalidRequestError } from "../../api/errors.ts";
 import type { ChatMessage, TextTokenizer } from "../model/tokenizer.ts";
 import type {
   TokenizeRequest,
@@ -18,6 +20,8 @@ export const INLINE_CHARS = 2048;
 export const INLINE_IDS = 1024;
 /** Tokenizer workers, started on first use. */
 const WORKERS = 2;
+/** The load a compile counts as (characters' worth): tokenizing prefers the other worker. */
+const GRAMMAR_COST = 1 << 20;
 
 interface Pending {
   resolve: (r: TokenizeResponse) => void;
@@ -63,6 +67,19 @@ export class Tokenizers {
     return this.#ask({ op: "decode", ids }, ids.length).then((r) => r.text!);
   }
 
+  /**
+   * Compiles a constraint in the first worker (whose grammar cache then serves repeats; the
+   * tokenizing goes to the other while it works).
+   *
+   * @throws InvalidRequestError for a spec the compiler refuses
+   */
+  compile(
+    spec: ConstraintSpec,
+    path?: string,
+  ): Promise<{ key: string; minTokens: number; image: Uint32Array }> {
+    return this.#ask({ op: "grammar", spec, path }, GRAMMAR_COST, 0).then((r) => r.constraint!);
+  }
+
   /** Stops the workers; requests still waiting fail. */
   close(): void {
     this.#closed = true;
@@ -72,17 +89,26 @@ export class Tokenizers {
     }
   }
 
-  #ask(req: TokenizeWork, cost: number): Promise<TokenizeResponse> {
+  #ask(req: TokenizeWork, cost: number, worker?: number): Promise<TokenizeResponse> {
     if (this.#closed) return Promise.reject(new Error("the tokenizer was closed"));
-    const slot = this.#pick(), id = this.#next++;
+    const slot = worker === undefined ? this.#pick() : this.#nth(worker), id = this.#next++;
     return new Promise<TokenizeResponse>((resolve, reject) => {
       slot.pending.set(id, { resolve, reject, cost });
       slot.load += cost;
       slot.worker.postMessage({ ...req, id } satisfies TokenizeRequest);
     }).then((r) => {
+      if (r.invalidParam !== undefined) {
+        throw new InvalidRequestError(r.error!, r.invalidParam ?? undefined);
+      }
       if (r.error !== undefined) throw new Error(r.error);
       return r;
     });
+  }
+
+  /** Worker `i`, starting workers up to it. */
+  #nth(i: number): Slot {
+    while (this.#slots.length <= i) this.#start();
+    return this.#slots[i];
   }
 
   /** The worker with the least work waiting (started when fewer than WORKERS run). */

@@ -87,6 +87,7 @@ function generate(e: Engine, m: Extract<ToWorker, { t: "generate" }>): void {
         sessionId: m.sessionId,
         tenant: m.tenant,
         speculation: m.speculation,
+        constraint: m.constraint,
       },
       (ev) => {
         const list = tokens.get(id);
@@ -117,6 +118,8 @@ async function call(e: Engine, m: Extract<ToWorker, { t: "call" }>): Promise<voi
       ? await e.flushSnapshots()
       : m.method === "setSpeculation"
       ? await e.setSpeculation(m.args[0] as "off" | "auto")
+      : m.method === "registerConstraint"
+      ? e.registerConstraint(m.args[0] as string, m.args[1] as Uint32Array)
       : e.hostStats();
     // The mirror forgets the session, or sees the new mode, before the reply lands.
     if (m.method === "deleteSession" || m.method === "setSpeculation") flush();

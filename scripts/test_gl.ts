@@ -13,6 +13,7 @@ export const GL_FILES = [
   "tests/kernels_linear_test.ts",
   "tests/kernels_fused_test.ts",
   "tests/kernels_attention_test.ts",
+  "tests/kernels_quant_test.ts",
   "tests/sampling_test.ts",
 ];
 
@@ -25,7 +26,7 @@ Runs the kernel tests on wgpu's GL backend (Mesa llvmpipe, no shader-f16), one d
 per file, and ends with one summary: "N passed, N failed". Exits 1 when anything failed. Takes
 about a minute on a 2-core CPU machine.
 
-  FILE ...   the test files (default: these four)
+  FILE ...   the test files (default: these five)
 ${GL_FILES.map((f) => `               ${f}`).join("\n")}
   -h, --help this text
 

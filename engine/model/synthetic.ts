@@ -13,7 +13,7 @@ import type { GpuModel } from "./gpu_model.ts";
 import { loadModelFolder } from "./folder.ts";
 import { TextTokenizer } from "./tokenizer.ts";
 import { Progress } from "./progress.ts";
-import type { WeightBuffer } from "../../kernels/weight.ts";
+import type { FloatWeight } from "../../kernels/weight.ts";
 import { type Dispatch, run } from "../../gpu/dispatch.ts";
 import { fillRandomDispatch } from "../../kernels/fill_random.ts";
 
@@ -121,7 +121,7 @@ export async function syntheticWeights(
   let tensors = 0, bytes = 0;
   const fills: Dispatch[] = [];
 
-  const matrix = (rows: number, cols: number, label: string, scale: number): WeightBuffer => {
+  const matrix = (rows: number, cols: number, label: string, scale: number): FloatWeight => {
     const size = Math.ceil((rows * cols * BYTES[dtype]) / 4) * 4;
     if (size > gpu.maxBinding) {
       throw new Error(

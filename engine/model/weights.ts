@@ -12,7 +12,7 @@ import { expectedTensors, type ModelFolder } from "./folder.ts";
 import { ggmlName } from "./gguf_format.ts";
 import { ggufName } from "./gguf_names.ts";
 import { readTensor, type TensorInfo } from "./safetensors.ts";
-import { interleaveGateUp, type WeightBuffer } from "../../kernels/weight.ts";
+import { type FloatWeight, interleaveGateUp, type WeightBuffer } from "../../kernels/weight.ts";
 import { Progress } from "./progress.ts";
 
 /** One decoder layer on the GPU. */
@@ -29,7 +29,7 @@ export interface LayerWeights {
 
 /** All weights of a model on the GPU. */
 export interface ModelWeights {
-  embed: WeightBuffer; // [Vmodel, H]
+  embed: FloatWeight; // [Vmodel, H]
   layers: LayerWeights[];
   norm: GPUBuffer; // f32 [H]
   /** LM head split into row chunks that each fit one binding: [rows, H] each, in order. */
@@ -80,7 +80,7 @@ export async function uploadWeights(
   };
 
   /** Concatenates row-major tensors (same cols) into one weight buffer of `dtype`. */
-  const matrix = async (names: string[], label: string): Promise<WeightBuffer> => {
+  const matrix = async (names: string[], label: string): Promise<FloatWeight> => {
     const infos = names.map(get);
     const cols = infos[0].shape[1];
     const rows = infos.reduce((n, t) => n + t.shape[0], 0);

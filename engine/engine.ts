@@ -12,18 +12,19 @@ import type {
   Generation,
   GenerationResult,
   KvStats,
+  PrecisionStats,
   SessionInfo,
   TokenEvent,
 } from "../api/types.ts";
 import { checkRequest, EngineBusyError, SessionBusyError } from "../api/errors.ts";
 import { getGpu, type Gpu, isCpuAdapter } from "../gpu/device.ts";
-import { KV_BYTES, type KvDtype } from "../gpu/dtype.ts";
+import { KV_BYTES, type KvDtype, type QuantizeMode } from "../gpu/dtype.ts";
 import type { Dispatch } from "../gpu/dispatch.ts";
 import { type ModelConfig, ropeInvFreq } from "./model/config.ts";
 import { loadModelFolder } from "./model/folder.ts";
 import type { GpuModel } from "./model/gpu_model.ts";
 import { TextTokenizer } from "./model/tokenizer.ts";
-import { type ModelWeights, uploadWeights } from "./model/weights.ts";
+import { decodeBytes, type ModelWeights, uploadWeights } from "./model/weights.ts";
 import { BLOCK, scopeRoot, SequenceBlocks } from "./kv/blocks.ts";
 import { kvBlockBytes, KvPool } from "./kv/pool.ts";
 import { Runner } from "./runner/runner.ts";
@@ -32,6 +33,8 @@ import { Sessions } from "./sessions/sessions.ts";
 import { type HostStats, Loop } from "./sched/loop.ts";
 import { Scheduler } from "./sched/scheduler.ts";
 import { Sequence } from "./sched/sequence.ts";
+import { PrecisionPolicy, type PrecisionThresholds } from "./sched/precision.ts";
+import { precisionStats } from "./sched/precision_stats.ts";
 
 /** Options for {@linkcode Engine.load}. */
 export interface EngineOptions {
@@ -71,6 +74,19 @@ export interface EngineOptions {
    * `store`). Default false: the snapshot lands shortly after (`SessionInfo.persistedAt`).
    */
   kvSync?: boolean;
+  /**
+   * Quantize the layers' projections at load: int8 or e4m3 with one scale per row (`--quantize`;
+   * default none). Norms, softmax, residuals, the KV cache, the embeddings and the LM head stay
+   * as they are (docs/quantization.md).
+   */
+  quantize?: QuantizeMode;
+  /**
+   * Keep the float projections on the GPU so the precision monitor can switch a layer back to
+   * them (default true); false frees their memory and only reports (`--quantize-fallback off`).
+   */
+  fallback?: boolean;
+  /** The precision monitor's range (engine/sched/precision.ts; tests force layers out of it). */
+  precision?: Partial<PrecisionThresholds>;
   gpu?: Gpu;
 }
 
@@ -82,7 +98,9 @@ const REGIONS = 8;
 const TOP_K = 20;
 
 /** The options {@linkcode Engine.create} settled on. */
-type Settled = Required<Omit<EngineOptions, "gpu" | "kvBlocks" | "store">>;
+type Settled = Required<
+  Omit<EngineOptions, "gpu" | "kvBlocks" | "store" | "quantize" | "fallback" | "precision">
+>;
 
 /** A model on the GPU and the scheduler that serves it. */
 export class Engine implements EngineLike {
@@ -103,12 +121,19 @@ export class Engine implements EngineLike {
   readonly #weights: ModelWeights;
   /** A score runs: it uses slot 0, so no generation may start meanwhile. */
   #scoring = false;
+  /** Which precision each layer runs at (the monitor's measurements decide). */
+  readonly #precision: PrecisionPolicy;
 
   private constructor(
     readonly gpu: Gpu,
     model: GpuModel,
     readonly opts: Settled,
-    parts: { kv: KvPool; runner: Runner<Sequence>; store?: SessionStore },
+    parts: {
+      kv: KvPool;
+      runner: Runner<Sequence>;
+      store?: SessionStore;
+      precision?: Partial<PrecisionThresholds>;
+    },
   ) {
     this.modelId = model.id;
     this.tokenizer = model.tokenizer;
@@ -126,6 +151,14 @@ export class Engine implements EngineLike {
       scheduler: this.#sched,
       sessions: this.#sessions,
     });
+    const monitor = this.runner.monitor;
+    this.#precision = new PrecisionPolicy({
+      canFallBack: monitor.canFallBack,
+      thresholds: parts.precision,
+    });
+    monitor.onObserve = (batch) => {
+      for (const c of this.#precision.observe(batch)) monitor.setPrecise(c.layer, c.precise);
+    };
   }
 
   /** Loads `dir` (an HF model folder) onto the GPU, and its sessions from the store. */
@@ -133,7 +166,11 @@ export class Engine implements EngineLike {
     const gpu = options.gpu ?? await getGpu();
     const folder = await loadModelFolder(dir);
     const tokenizer = TextTokenizer.load(folder);
-    const weights = await uploadWeights(gpu, folder, { invFreq: ropeInvFreq(folder.config) });
+    const weights = await uploadWeights(gpu, folder, {
+      invFreq: ropeInvFreq(folder.config),
+      quantize: options.quantize,
+      fallback: options.fallback,
+    });
     const model = { id: folder.id, config: folder.config, tokenizer, weights };
     const engine = Engine.create(gpu, model, options);
     await engine.#sessions.restore();
@@ -199,7 +236,8 @@ export class Engine implements EngineLike {
         specRows: 1,
       },
     });
-    return new Engine(gpu, model, opts, { kv, runner, store: options.store });
+    const precision = options.precision;
+    return new Engine(gpu, model, opts, { kv, runner, store: options.store, precision });
   }
 
   encode(text: string): number[] {
@@ -231,9 +269,15 @@ export class Engine implements EngineLike {
     return this.tokenizer.knows(id);
   }
 
-  /** The weights' element type and their bytes on the GPU. */
-  get weights(): { dtype: ModelWeights["dtype"]; bytes: number } {
-    return { dtype: this.#weights.dtype, bytes: this.#weights.bytes };
+  /** The weights' element type, their bytes on the GPU, and how the projections are held. */
+  get weights(): Pick<ModelWeights, "dtype" | "bytes" | "quant"> & { decodeBytes: number } {
+    const w = this.#weights;
+    return { dtype: w.dtype, bytes: w.bytes, quant: w.quant, decodeBytes: decodeBytes(w) };
+  }
+
+  /** Each layer's precision and the monitor's counts (for /metrics and /health). */
+  precisionStats(): PrecisionStats {
+    return precisionStats(this.#weights, this.runner.monitor, this.#precision);
   }
 
   occupancy() {

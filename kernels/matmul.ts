@@ -40,7 +40,7 @@ import { isFloatFormat, WDTYPE } from "../gpu/dtype.ts";
 import { type Dispatch, grid } from "../gpu/dispatch.ts";
 import { elementBytes, SWIGLU_BLOCK, type WeightBuffer } from "./weight.ts";
 import { hasDot4, q8Dispatches, type Q8Tuning } from "./matmul_q8.ts";
-import { type QuantXBuffers, quantXDispatch } from "./quant_x.ts";
+import { type Measure, quantXDispatch } from "./quant_x.ts";
 import { rowMultiple, scaleWords } from "./quant.ts";
 import {
   at,
@@ -75,9 +75,7 @@ export interface MatmulBuffers {
    * The precision monitor's measurement of this product's input (kernels/quant_x.ts): folded
    * into `q8`'s quantization of x, or one more dispatch before the others.
    */
-  stats?: QuantXBuffers["stats"];
-  /** A sample of the product to measure with `stats` (a quantized W's sampled rows). */
-  sample?: QuantXBuffers["sample"];
+  measure?: Measure;
 }
 
 /** Shape of {@linkcode matmulDispatches}. */
@@ -190,6 +188,7 @@ export function matmulDispatches(
   buffers: MatmulBuffers,
   opts: MatmulOptions,
 ): Dispatch[] {
+  if (buffers.w.parts) return partsDispatches(gpu, buffers, opts);
   const { x, w, y, normWeight } = buffers;
   const { m } = opts;
   const swiglu = opts.swiglu ?? false;
@@ -222,26 +221,43 @@ export function matmulDispatches(
     constants: { WDTYPE: WDTYPE[w.dtype], NORM: norm ? 1 : 0, SWIGLU: swiglu ? 1 : 0 },
     unroll: opts.unroll,
   };
-  const { stats, sample } = buffers;
+  const { measure } = buffers;
   if (path === "q8") {
-    const q = q8Dispatches(gpu, launch, { tuning: opts.q8, stats, sample });
+    const q = q8Dispatches(gpu, launch, { tuning: opts.q8, measure });
     const tail = q.split ? [reduceDispatch(gpu, launch, q.dispatch.label, q.split)] : [];
     return [q.quant, q.dispatch, ...tail];
   }
   // The monitor's measurement, before the product, of the input as the product sees it.
-  const measure = stats
-    ? [quantXDispatch(gpu, { x, normWeight, stats, sample }, { m, k, eps: opts.eps })]
+  const measured = measure
+    ? [quantXDispatch(gpu, { x, normWeight, ...measure }, { m, k, eps: opts.eps })]
     : [];
-  if (path === "small") return [...measure, smallDispatch(gpu, launch, opts.small)];
-  if (path === "naive") return [...measure, naiveDispatch(gpu, launch)];
+  if (path === "small") return [...measured, smallDispatch(gpu, launch, opts.small)];
+  if (path === "naive") return [...measured, naiveDispatch(gpu, launch)];
   const { dispatch, split } = path === "rows"
     ? rowsDispatch(gpu, launch, opts.rows)
     : tiledDispatch(gpu, launch, opts.tiled);
-  return [
-    ...measure,
-    dispatch,
-    ...(split ? [reduceDispatch(gpu, launch, dispatch.label, split)] : []),
-  ];
+  const reduce = split ? [reduceDispatch(gpu, launch, dispatch.label, split)] : [];
+  return [...measured, dispatch, ...reduce];
+}
+
+/** A W made of row blocks (`WeightBuffer.parts`): one matmul per block, into its columns of y. */
+function partsDispatches(gpu: Gpu, b: MatmulBuffers, opts: MatmulOptions): Dispatch[] {
+  const parts = b.w.parts!, rows = parts.reduce((n, p) => n + p.w.rows, 0);
+  const where = `matmul ${opts.m}x${rows}x${b.w.cols} in ${parts.length} parts`;
+  if (opts.swiglu) fail(where, "swiglu W cannot be made of parts");
+  if (rows !== b.w.rows) fail(where, `the parts have ${rows} rows; W has ${b.w.rows}`);
+  if (b.bias && parts.some((p) => !p.bias)) fail(where, "with a bias, every part needs its own");
+  let r0 = 0;
+  return parts.flatMap((p, i) => {
+    const d = matmulDispatches(gpu, {
+      ...b,
+      w: p.w,
+      bias: b.bias ? p.bias : undefined,
+      measure: i === 0 ? b.measure : undefined,
+    }, { ...opts, yStride: opts.yStride ?? rows, yOffset: (opts.yOffset ?? 0) + r0 });
+    r0 += p.w.rows;
+    return d;
+  });
 }
 
 /**

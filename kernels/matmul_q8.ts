@@ -19,7 +19,7 @@ import {
   type SplitDispatch,
   splitK,
 } from "./matmul_common.ts";
-import { type QuantXBuffers, quantXDispatch } from "./quant_x.ts";
+import { type Measure, quantXDispatch } from "./quant_x.ts";
 
 /** Launch shape of the `q8` kernel: a workgroup of `(bm / tm) · (bn / tn)` threads. */
 export interface Q8Tuning {
@@ -120,17 +120,13 @@ function xCodes(gpu: Gpu, m: number, k: number): { xq: GPUBuffer; xscale: GPUBuf
 }
 
 /**
- * The dispatches of a `q8` launch: quant_x (the norm folded in, the statistics of `stats` when
+ * The dispatches of a `q8` launch: quant_x (the norm folded in, the monitor's `measure` when
  * given), the matmul, and (split) what the reduce finishes from.
  */
 export function q8Dispatches(
   gpu: Gpu,
   launch: MatmulLaunch,
-  o: {
-    tuning?: Partial<Q8Tuning>;
-    stats?: QuantXBuffers["stats"];
-    sample?: QuantXBuffers["sample"];
-  },
+  o: { tuning?: Partial<Q8Tuning>; measure?: Measure },
 ): { quant: Dispatch; dispatch: Dispatch; split?: SplitDispatch } {
   const { label, x, w, y, bias, m, k, cols } = launch;
   if (w.dtype !== "int8" || !w.scales || k % 16 !== 0) {
@@ -144,8 +140,7 @@ export function q8Dispatches(
     normWeight: launch.normWeight,
     xq,
     xscale,
-    stats: o.stats,
-    sample: o.sample,
+    ...o.measure,
   }, { m, k, eps: launch.params.eps });
   const { kspan, splits } = splitK(gpu, { m, cols, k, step: 4 * t.bkw, splits: t.splits });
   const groups = grid(Math.ceil(m / t.bm) * Math.ceil(cols / t.bn) * splits);

@@ -244,3 +244,72 @@ function q4kScaleMin(s: Uint8Array, j: number): [number, number] {
   if (j < 4) return [s[j] & 63, s[j + 4] & 63];
   return [(s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4)];
 }
+
+/** Words of one row of codes. */
+function rowWords(f: QuantFormat, cols: number): number {
+  return (cols * codeBits(f)) / 32;
+}
+
+/**
+ * The rows of `parts` (each `[rows[i], cols]` of format `f`) one after the other, as one matrix:
+ * codes concatenated, and each scale plane concatenated (plane A of every part, then plane B).
+ */
+export function concatPacked(
+  parts: PackedQuant[],
+  f: QuantFormat,
+  rows: number[],
+  cols: number,
+): PackedQuant {
+  const total = rows.reduce((a, b) => a + b, 0);
+  const codes = new Uint32Array(codeWords(f, total, cols));
+  const scales = new Uint32Array(scaleWords(f, total, cols));
+  const aw = planeAWords(f, cols), bw = planeBWords(f, cols);
+  let r = 0;
+  parts.forEach((p, i) => {
+    codes.set(p.codes.subarray(0, rows[i] * rowWords(f, cols)), r * rowWords(f, cols));
+    scales.set(p.scales.subarray(0, rows[i] * aw), r * aw);
+    scales.set(p.scales.subarray(rows[i] * aw, rows[i] * (aw + bw)), total * aw + r * bw);
+    r += rows[i];
+  });
+  return { codes, scales };
+}
+
+/**
+ * Gate and up (`[rows, cols]` each, format `f`) interleaved row by row into the `[2 rows, cols]`
+ * layout of `swiglu` matmuls (kernels/weight.ts `interleaveGateUp` with blocks of 1 row).
+ */
+export function interleavePacked(
+  gate: PackedQuant,
+  up: PackedQuant,
+  f: QuantFormat,
+  rows: number,
+  cols: number,
+): PackedQuant {
+  const codes = new Uint32Array(codeWords(f, 2 * rows, cols));
+  const scales = new Uint32Array(scaleWords(f, 2 * rows, cols));
+  const cw = rowWords(f, cols), aw = planeAWords(f, cols), bw = planeBWords(f, cols);
+  for (let i = 0; i < rows; i++) {
+    [gate, up].forEach((p, h) => {
+      const o = 2 * i + h;
+      codes.set(p.codes.subarray(i * cw, (i + 1) * cw), o * cw);
+      scales.set(p.scales.subarray(i * aw, (i + 1) * aw), o * aw);
+      const b0 = rows * aw + i * bw;
+      scales.set(p.scales.subarray(b0, b0 + bw), 2 * rows * aw + o * bw);
+    });
+  }
+  return { codes, scales };
+}
+
+/** Rows `[r0, r0 + n)` of a packed `[rows, cols]` matrix (an LM head chunk). */
+export function slicePacked(
+  p: PackedQuant,
+  f: QuantFormat,
+  o: { rows: number; cols: number; r0: number; n: number },
+): PackedQuant {
+  const cw = rowWords(f, o.cols), aw = planeAWords(f, o.cols), bw = planeBWords(f, o.cols);
+  const scales = new Uint32Array(o.n * (aw + bw));
+  scales.set(p.scales.subarray(o.r0 * aw, (o.r0 + o.n) * aw));
+  const b0 = o.rows * aw + o.r0 * bw;
+  scales.set(p.scales.subarray(b0, b0 + o.n * bw), o.n * aw);
+  return { codes: p.codes.slice(o.r0 * cw, (o.r0 + o.n) * cw), scales };
+}

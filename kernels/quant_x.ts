@@ -9,7 +9,8 @@ import { createStorage, type Gpu, isCpuAdapter } from "../gpu/device.ts";
 import { type Dispatch, grid, params, uniform } from "../gpu/dispatch.ts";
 import { isFloatFormat, WDTYPE } from "../gpu/dtype.ts";
 import { pipeline, wgsl } from "./pipeline.ts";
-import type { WeightBuffer } from "./weight.ts";
+import type { FloatWeight, WeightBuffer } from "./weight.ts";
+import { embeddingDispatch } from "./embedding.ts";
 
 /** u32 words per statistics slot (one slot per layer and projection input). */
 export const STATS_WORDS = 8;
@@ -69,6 +70,32 @@ export interface ProductSample {
   rows: number[];
 }
 
+/** {@linkcode MAX_SAMPLES} rows of `n`, evenly spaced (all of them when fewer). */
+export function sampleRows(n: number): number[] {
+  const s = Math.min(n, MAX_SAMPLES);
+  return Array.from({ length: s }, (_, i) => Math.floor(((i + 0.5) * n) / s));
+}
+
+/**
+ * The sample of a quantized product that the monitor measures: {@linkcode sampleRows} of the
+ * float weight `precise`, gathered as f32 by the dispatch returned (an embedding lookup of those
+ * rows), beside the quantized weight `w` they were quantized into. Run the dispatch before
+ * `precise` is destroyed.
+ */
+export function productSample(
+  gpu: Gpu,
+  precise: FloatWeight,
+  w: WeightBuffer,
+): { sample: ProductSample; dispatch: Dispatch } {
+  const rows = sampleRows(precise.rows);
+  const s16 = createStorage(gpu, rows.length * precise.cols * 4, undefined, "monitor sample");
+  const tokens = createStorage(gpu, rows.length * 4, Uint32Array.from(rows));
+  const dispatch = embeddingDispatch(gpu, { table: precise, tokens, out: s16 }, {
+    count: rows.length,
+  });
+  return { sample: { w, s16, rows }, dispatch };
+}
+
 /** Buffers of {@linkcode quantXDispatch}. */
 export interface QuantXBuffers {
   /** `f32 [m, K]`. */
@@ -82,7 +109,18 @@ export interface QuantXBuffers {
   stats?: { buffer: GPUBuffer; slot: number };
   /** A sample of the product to measure (needs `stats`). */
   sample?: ProductSample;
+  /**
+   * Which rows the statistics count: `done`, a decode step's slot states (kernels/step.ts, a
+   * row per slot: slots not done); `chunk`, a prefill chunk's words (kernels/attention.ts
+   * `chunkWords`: rows below its token count). Default: every row.
+   */
+  live?: { buffer: GPUBuffer; kind: "done" | "chunk" };
 }
+
+/** What the precision monitor asks a matmul to measure of its input (its `measure` buffer). */
+export type Measure =
+  & Required<Pick<QuantXBuffers, "stats">>
+  & Pick<QuantXBuffers, "sample" | "live">;
 
 /** Shape of {@linkcode quantXDispatch}. */
 export interface QuantXOptions {
@@ -143,7 +181,7 @@ export function quantXDispatch(gpu: Gpu, b: QuantXBuffers, o: QuantXOptions): Di
       every,
       s?.w.rows ?? 0,
       s?.rows.length ?? 0,
-      0,
+      b.live ? (b.live.kind === "done" ? 1 : 2) : 0,
       ...rows,
     ]),
   );
@@ -169,6 +207,7 @@ export function quantXDispatch(gpu: Gpu, b: QuantXBuffers, o: QuantXOptions): Di
     s?.s16 ?? d(6),
     s?.w.scales ?? d(7),
     s?.w.buffer ?? d(8),
+    b.live?.buffer ?? d(9),
   ];
   const what = [writeQ ? "int8" : "", b.stats ? `stats ${b.stats.slot}` : "", s ? "sample" : ""];
   return {

@@ -14,6 +14,8 @@
 //   (as f32 in s16) times x'.
 // Values are reduced in workgroup memory; min / max fold across rows as atomicMax of ordered
 // keys (key(-v) for a minimum), so a zeroed buffer (the `clear` entry point) is the identity.
+// Rows that hold no token (a finished slot of a decode step, a padding row of a prefill chunk:
+// live_kind) are quantized but not counted: their inputs are stale or zeros, not the model's.
 
 override WG: u32 = 256u; // threads per row, a power of two
 override NORM: bool = false;
@@ -30,7 +32,7 @@ struct QxParams {
   every: u32, // SAMPLE rows: row % every == 0
   wrows: u32, // rows of the sampled W
   samples: u32, // sampled rows of W, at most 8
-  pad: u32,
+  live_kind: u32, // which rows STATS counts: 0 all; 1 live[4 row] == 0 (a slot not done); 2 row < live[2] (a prefill chunk's tokens)
   srows0: vec4<u32>, // the sampled rows of W
   srows1: vec4<u32>,
 }
@@ -43,6 +45,7 @@ struct QxParams {
 @group(0) @binding(5) var<storage, read_write> stats: array<atomic<u32>>; // [slots, 8] (STATS)
 @group(0) @binding(6) var<storage, read> s16: array<vec4<f32>>; // [samples, K] (SAMPLE)
 @group(0) @binding(8) var<storage, read> wq: array<u32>; // codes of the sampled W (SAMPLE)
+@group(0) @binding(9) var<storage, read> live: array<u32>; // slot states or a chunk's words
 
 var<workgroup> red: array<vec4<f32>, WG>;
 
@@ -172,8 +175,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       }
     }
   }
-  if (!STATS) {
-    return; // uniform: an override
+  var counted = true;
+  if (qp.live_kind == 1u) {
+    counted = live[4u * row] == 0u;
+  } else if (qp.live_kind == 2u) {
+    counted = row < live[2u];
+  }
+  if (!STATS || !counted) {
+    return; // uniform: an override, the workgroup's row
   }
   let e2 = reduce(lid, vec4<f32>(err, 0.0, 0.0, 0.0), false).x;
   var sample_err = 0.0;

@@ -26,6 +26,12 @@ export interface WeightBuffer {
   cols: number;
   /** The scales of a quantized weight (absent for f32, f16, bf16). */
   scales?: GPUBuffer;
+  /**
+   * Row blocks of different formats that together make up W (a GGUF layer's Q4_K q and k beside
+   * its Q6_K v): a matmul runs one launch per part, into that part's columns of y, with the
+   * part's own bias. `buffer`, `dtype` and `scales` are then the first part's.
+   */
+  parts?: { w: WeightBuffer; bias?: GPUBuffer }[];
 }
 
 /** A weight held as floats (what the embedding reads). */

@@ -1,6 +1,28 @@
 /** `GET /health`: liveness for load balancers, with the model, adapter, load and KV use. */
 import { Hono } from "hono";
+import type { PrecisionStats } from "../api/types.ts";
 import type { ServerContext } from "./context.ts";
+
+/**
+ * `precision` for a quantized model: the mode, whether the 16-bit fallback is there (and why
+ * not), the layers running at 16 bits now and the switches so far.
+ */
+function precision(p: PrecisionStats | undefined) {
+  if (!p || p.mode === "none") return {};
+  const why = p.mode === "gguf"
+    ? "the GGUF file holds no 16-bit weights"
+    : "16-bit weights not kept (--quantize-fallback off)";
+  return {
+    precision: {
+      mode: p.mode,
+      fallback: p.fallback,
+      ...(p.fallback ? {} : { fallback_off: `${why}: layers out of range stay quantized` }),
+      layers: p.layers.length,
+      layers_16bit: p.layers.filter((l) => l.fellBack).length,
+      fallbacks: p.fallbacks,
+    },
+  };
+}
 
 /** The `/health` sub-app: 200 `{status: "ok", ...}`, or 503 `{status: "shutting_down"}`. */
 export function healthRoutes(ctx: ServerContext): Hono {
@@ -27,6 +49,7 @@ export function healthRoutes(ctx: ServerContext): Hono {
         kv: { used: kv.kv.used },
         fs: { used: kv.fs.used },
       },
+      ...precision(engine.precisionStats?.()),
       uptime_s: Math.floor(Date.now() / 1000) - ctx.startedAt,
     }, shuttingDown ? 503 : 200);
   });

@@ -23,6 +23,7 @@ import { attentionDecodeDispatches } from "../../kernels/attention_decode.ts";
 import { sampleDispatch } from "../../kernels/sample.ts";
 import { logitsStatsDispatch, topKDispatch } from "../../kernels/logits.ts";
 import { stepDispatch } from "../../kernels/step.ts";
+import type { LiveRows, PrecisionMonitor } from "./monitor.ts";
 
 /** Sizes of the scratch, fixed when the forward pass is created. */
 export interface ForwardOptions {
@@ -52,6 +53,11 @@ export class ForwardPass {
   readonly #lastRow: GPUBuffer; // u32 [1]
   readonly #prefillChunk: GPUBuffer; // u32 [slot, pos0, tokens, 0] of the prefill chunk
   #decodePlans = new Map<number, Dispatch[]>();
+  /** Decode steps that measure for the precision monitor (the first of a submission). */
+  #monitoredPlans = new Map<number, Dispatch[]>();
+  readonly #monitor?: PrecisionMonitor;
+  /** The monitor's version the built plans follow (its precision switches make them stale). */
+  #planned = 0;
   #stepEnds = new Map<string, Dispatch[]>();
   #samples = new Map<string, Dispatch[]>();
   #prefills = new Map<string, Dispatch[]>();
@@ -63,9 +69,16 @@ export class ForwardPass {
     readonly gpu: Gpu,
     readonly cfg: ModelConfig,
     readonly w: ModelWeights,
-    o: { kv: KvPool; slots: SlotBuffers; layout: SlotLayout; maxChunk: number },
+    o: {
+      kv: KvPool;
+      slots: SlotBuffers;
+      layout: SlotLayout;
+      maxChunk: number;
+      monitor?: PrecisionMonitor;
+    },
   ) {
     this.#kv = o.kv;
+    this.#monitor = o.monitor;
     this.#slots = o.slots;
     this.#layout = o.layout;
     this.maxChunk = o.maxChunk;
@@ -91,13 +104,18 @@ export class ForwardPass {
 
   /**
    * The transformer layers over `m` rows of `x`. `attention(layer)` supplies the step from
-   * `qkv` to `attn`: RoPE, the KV write and attention (one or two dispatches).
+   * `qkv` to `attn`: RoPE, the KV write and attention (one or two dispatches). With `live` (the
+   * rows that hold tokens), the pass also measures every projection's input for the precision
+   * monitor (engine/runner/monitor.ts).
    */
-  #layers(m: number, attention: (layer: number) => Dispatch[]): Dispatch[] {
+  #layers(m: number, attention: (layer: number) => Dispatch[], live?: LiveRows): Dispatch[] {
     const { gpu, cfg, w } = this;
     const x = this.#x, eps = cfg.rmsEps;
-    const out: Dispatch[] = [];
-    w.layers.forEach((L, l) => {
+    const mon = live && this.#monitor?.enabled ? this.#monitor : undefined;
+    const out: Dispatch[] = mon ? [mon.clear()] : [];
+    w.layers.forEach((layer, l) => {
+      const L = this.#monitor?.layer(l) ?? layer; // its 16-bit weights after a fallback
+      const measure = (p: "qkv" | "o" | "gateUp" | "down") => mon?.measure(l, p, live);
       // Attention block: qkv = norm(x)·Wqkvᵀ (+b), the RMSNorm folded into the matmul; RoPE, KV
       // write; attend; x += o·Woᵀ
       out.push(...matmulDispatches(gpu, {
@@ -106,24 +124,43 @@ export class ForwardPass {
         y: this.#qkv,
         bias: L.qkvBias,
         normWeight: L.attnNorm,
+        measure: measure("qkv"),
       }, { m, eps }));
       out.push(...attention(l));
-      out.push(...matmulDispatches(gpu, { x: this.#attn, w: L.o, y: x, bias: L.oBias }, {
-        m,
-        accumulate: true,
-      }));
+      out.push(...matmulDispatches(gpu, {
+        x: this.#attn,
+        w: L.o,
+        y: x,
+        bias: L.oBias,
+        measure: measure("o"),
+      }, { m, accumulate: true }));
       // MLP block: act = silu(norm(x)·Wgᵀ) ⊙ norm(x)·Wuᵀ in one matmul (gate/up rows
       // interleaved); x += act·Wdᵀ
-      out.push(...matmulDispatches(gpu, { x, w: L.gateUp, y: this.#act, normWeight: L.mlpNorm }, {
-        m,
-        eps,
-        swiglu: true,
-      }));
+      out.push(...matmulDispatches(gpu, {
+        x,
+        w: L.gateUp,
+        y: this.#act,
+        normWeight: L.mlpNorm,
+        measure: measure("gateUp"),
+      }, { m, eps, swiglu: true }));
       out.push(
-        ...matmulDispatches(gpu, { x: this.#act, w: L.down, y: x }, { m, accumulate: true }),
+        ...matmulDispatches(gpu, { x: this.#act, w: L.down, y: x, measure: measure("down") }, {
+          m,
+          accumulate: true,
+        }),
       );
     });
     return out;
+  }
+
+  /** Drops the built plans when the monitor switched a layer's precision since they were built. */
+  #sync(): void {
+    const v = this.#monitor?.version ?? 0;
+    if (v === this.#planned) return;
+    this.#planned = v;
+    this.#decodePlans.clear();
+    this.#monitoredPlans.clear();
+    this.#prefills.clear();
   }
 
   #heads(layer: number) {
@@ -234,6 +271,7 @@ export class ForwardPass {
     count: number,
     o: { slot: number; pos0: number; last: boolean; region: number; withTop: boolean },
   ): Dispatch[] {
+    this.#sync();
     const rows = this.prefillRows(count);
     const body = memo(this.#prefills, `${rows}`, () => this.#buildPrefill(rows), 64);
     if (!o.last) return body;
@@ -284,6 +322,7 @@ export class ForwardPass {
       stats: createStorage(this.gpu, T * 16, undefined, "score_stats"),
     };
     const { logits, stats } = this.#scoreOut;
+    this.#sync();
     const body = memo(this.#prefills, `${rows}`, () => this.#buildPrefill(rows), 64);
     const tail = memo(this.#scores, `${count}`, () => [
       ...this.#lmHead(count, 0, this.#x, this.w.norm, logits),
@@ -319,7 +358,7 @@ export class ForwardPass {
           out: this.#attn,
           chunk: this.#prefillChunk,
         }, { tokens: rows, ...this.#heads(layer) }),
-      ]),
+      ], { buffer: this.#prefillChunk, kind: "chunk" }),
     ];
   }
 
@@ -350,7 +389,12 @@ export class ForwardPass {
 
   /** One decode step of slots [0, slots): everything between two sampled tokens. */
   decodeStep(slots: number, region: number, k: number, withTop: boolean): Dispatch[] {
-    let body = this.#decodePlans.get(slots);
+    this.#sync();
+    // The first step of a submission measures for the precision monitor (a submission's
+    // readback carries the measurements; the other steps skip the cost).
+    const monitored = k === 0 && (this.#monitor?.enabled ?? false);
+    const plans = monitored ? this.#monitoredPlans : this.#decodePlans;
+    let body = plans.get(slots);
     if (!body) {
       const g = this.gpu, c = this.cfg;
       body = [
@@ -385,11 +429,11 @@ export class ForwardPass {
             seqs: slots,
             maxContext: this.#layout.shape.contextLength,
             ...this.#heads(layer),
-          })),
+          }), monitored ? { buffer: this.#slots.step.slotState, kind: "done" } : undefined),
         // Final norm folded into the LM head: logits = norm(x) · W_lmᵀ
         ...this.#lmHead(slots, 0, this.#x, this.w.norm),
       ];
-      this.#decodePlans.set(slots, body);
+      plans.set(slots, body);
     }
     return [
       ...body,

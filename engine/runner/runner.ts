@@ -15,6 +15,7 @@ import type { ModelConfig } from "../model/config.ts";
 import type { ModelWeights } from "../model/weights.ts";
 import type { KvPool } from "../kv/pool.ts";
 import { ForwardPass } from "./forward.ts";
+import { PrecisionMonitor } from "./monitor.ts";
 import { createSlotBuffers, type SlotBuffers, SlotLayout, type SlotShape } from "./slots.ts";
 import {
   type SlotOccupant,
@@ -47,6 +48,8 @@ export class Runner<T extends SlotOccupant> {
   readonly layout: SlotLayout;
   /** Dispatch builders over the weights, the KV pool and the slot buffers. */
   readonly forward: ForwardPass;
+  /** Which weights each layer runs and what decides it (engine/runner/monitor.ts). */
+  readonly monitor: PrecisionMonitor;
   readonly #slots: SlotBuffers;
   readonly #ctx: SubmissionContext;
   #region = 0;
@@ -60,7 +63,9 @@ export class Runner<T extends SlotOccupant> {
     const opts = o.options;
     this.layout = new SlotLayout(opts);
     this.#slots = createSlotBuffers(gpu, this.layout, { vocab: cfg.vocabSize, eosIds: o.eosIds });
+    this.monitor = new PrecisionMonitor(gpu, weights);
     this.forward = new ForwardPass(gpu, cfg, weights, {
+      monitor: this.monitor,
       kv: o.kv,
       slots: this.#slots,
       layout: this.layout,
@@ -155,6 +160,7 @@ export class Runner<T extends SlotOccupant> {
           prefill: true,
           rows: f.prefillRows(part.length),
           tokens: part.length,
+          monitor: this.monitor.readback(),
         }),
       );
     }
@@ -170,7 +176,13 @@ export class Runner<T extends SlotOccupant> {
     for (let k = 0; k < steps; k++) {
       dispatches.push(...this.forward.decodeStep(width, region, k, withTop));
     }
-    return new Submission(this.#ctx, dispatches, { region, steps, slots: live, top: withTop });
+    return new Submission(this.#ctx, dispatches, {
+      region,
+      steps,
+      slots: live,
+      top: withTop,
+      monitor: steps > 0 ? this.monitor.readback() : undefined, // step 0 measures
+    });
   }
 
   /** A submission of arbitrary dispatches over this runner's buffers (tests, profiling). */

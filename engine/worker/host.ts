@@ -22,6 +22,7 @@ import type {
   Generation,
   GenerationResult,
   KvStats,
+  PrecisionStats,
   SessionInfo,
   TokenEvent,
 } from "../../api/types.ts";
@@ -182,6 +183,11 @@ export class WorkerEngine implements EngineLike {
 
   kvStats(): KvStats {
     return this.#state.kv;
+  }
+
+  /** The worker engine's layer precision as of its last message (absent: not quantized). */
+  precisionStats(): PrecisionStats | undefined {
+    return this.#state.precision;
   }
 
   session(id: string): SessionInfo | undefined {

@@ -280,3 +280,66 @@ Deno.test("--quantize refuses a file whose weights are already quantized, naming
     );
   });
 });
+
+Deno.test("CLI: generate, perplexity and bench take --quantize; bad values are refused naming the flag", async () => {
+  const root = new URL("..", import.meta.url).pathname;
+  const deno = async (...args: string[]) => {
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "-A", ...args],
+      cwd: root,
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const dec = new TextDecoder();
+    return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+  };
+  const gen = await deno(
+    "main.ts",
+    "generate",
+    "--prompt",
+    "Once upon a time",
+    "--max-tokens",
+    "6",
+    "--quantize",
+    "int8",
+    "--json",
+  );
+  assert.equal(gen.code, 0, gen.stderr);
+  assert.equal(JSON.parse(gen.stdout.trim().split("\n").at(-1)!).tokens.length, 6);
+  const bad: [string[], RegExp][] = [
+    [
+      ["main.ts", "generate", "--prompt", "x", "--quantize", "int4"],
+      /--quantize must be int8, e4m3 or none; got 'int4'/,
+    ],
+    [
+      ["main.ts", "generate", "--prompt", "x", "--quantize", "e4m3", "--quantize-fallback", "no"],
+      /--quantize-fallback must be on or off; got 'no'/,
+    ],
+    [
+      ["main.ts", "serve", "--quantize-fallback", "off"],
+      /--quantize-fallback applies with --quantize int8 or e4m3/,
+    ],
+    [
+      ["scripts/perplexity.ts", "--quantize", "fp8"],
+      /--quantize must be int8, e4m3 or none; got 'fp8'/,
+    ],
+    [["scripts/bench.ts", "--quantize", "q4"], /--quantize must be int8, e4m3 or none; got 'q4'/],
+  ];
+  for (const [args, want] of bad) {
+    const r = await deno(...args);
+    assert.equal(r.code, 1, args.join(" "));
+    assert.match(r.stderr, want);
+  }
+  const json = await deno(
+    "scripts/perplexity.ts",
+    "--quantize",
+    "e4m3",
+    "--max-tokens",
+    "64",
+    "--json",
+  );
+  assert.equal(json.code, 0, json.stderr);
+  const line = JSON.parse(json.stdout.trim().split("\n").at(-1)!);
+  assert.equal(line.quantize, "e4m3");
+  assert.ok(line.ppl > 1 && line.tokens === 63, JSON.stringify(line));
+});

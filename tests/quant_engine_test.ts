@@ -171,11 +171,20 @@ for (const quantize of ["int8", "e4m3"] as const) {
   });
 }
 
-Deno.test("GGUF Q8_0 and Q4_K_M run quantized and agree with their dequantized reference", async () => {
+Deno.test("GGUF Q8_0 and Q4_K_M (llama; qwen2 with biases) run quantized and agree with their dequantized reference", async () => {
   await testGpu();
-  const model = { dtype: "f16" as const, hidden: 256, heads: 4, kvHeads: 2, ffn: 512, seed: 43 };
-  await withTestModel(model, async (dir) => {
-    for (const type of ["q8_0", "q4_k_m"] as const) {
+  const llama = { dtype: "f16" as const, hidden: 256, heads: 4, kvHeads: 2, ffn: 512, seed: 43 };
+  // Qwen2's q, k, v biases; Q4_K_M makes layer 1's v Q6_K beside Q4_K q and k: QKV in parts,
+  // each with its bias.
+  const qwen2 = { ...llama, arch: "qwen2" as const, seed: 46 };
+  for (const [model, types] of [[llama, ["q8_0", "q4_k_m"]], [qwen2, ["q4_k_m"]]] as const) {
+    await withTestModel(model, (dir) => checkGguf(dir, types));
+  }
+});
+
+async function checkGguf(dir: string, types: readonly ("q8_0" | "q4_k_m")[]): Promise<void> {
+  {
+    for (const type of types) {
       const file = join(dir, `m-${type}.gguf`);
       await writeGguf(dir, file, { type });
       const engine = await Engine.load(file, OPTS);
@@ -192,9 +201,15 @@ Deno.test("GGUF Q8_0 and Q4_K_M run quantized and agree with their dequantized r
       const generated = await generateDelta(engine, ref, ids.slice(0, 9));
       console.log(`${type}: max |Δ logprob| scored ${scored}, generated ${generated}`);
       assert.ok(scored <= 2e-3 && generated <= 2e-3, `${scored} / ${generated}`);
+      if (type === "q4_k_m") {
+        // llama-quantize's use_more_bits picks the last layer of two.
+        const parts = engine.runner.monitor.weight(1, "qkv").parts;
+        assert.deepEqual(parts?.map((p) => p.w.dtype), ["q4_k", "q6_k"], "layer 1's QKV parts");
+        assert.equal(parts!.every((p) => p.bias), engine.config.attentionBias);
+      }
     }
-  });
-});
+  }
+}
 
 /** Rewrites the test model in `dir` with layer `layer`'s MLP norm weights times `factor`. */
 async function shrinkNorm(dir: string, layer: number, factor: number): Promise<void> {

@@ -447,3 +447,37 @@ Deno.test("quant_x statistics: extremes, row std, int8 error and the sampled pro
   assert.equal(s.rows, 2);
   assert.equal(s.nonfinite, 1);
 });
+
+Deno.test("matmul, quantized W: refuses what a path cannot serve, saying what it needs", async () => {
+  const gpu = await testGpu();
+  const r = rng(9);
+  const int8 = uploadQuantWeight(gpu, packRowScaled(r.uniform(33 * 64), "int8", 33, 64), {
+    rows: 33,
+    cols: 64,
+    dtype: "int8",
+  });
+  const e4m3 = { ...int8, dtype: "e4m3" as const };
+  const x = createStorage(gpu, 40 * 64 * 4), y = createStorage(gpu, 40 * 33 * 4);
+  const mm = (w: WeightBuffer, m: number, path?: MatmulPath) => () =>
+    matmulDispatches(gpu, { x, w, y }, { m, path });
+  assert.throws(mm(int8, 40, "rows"), /the rows kernel needs 16-bit W and K % 8 == 0/);
+  assert.throws(mm(e4m3, 40, "q8"), /the q8 kernel needs int8 W and K % 16 == 0/);
+  assert.throws(mm({ ...int8, scales: undefined }, 1), /the scales hold 0 bytes; need 132/);
+  assert.throws(
+    mm({ ...int8, dtype: "q4_k", cols: 64 }, 1),
+    /q4_k rows must be a multiple of 256 values/,
+  );
+  assert.throws(
+    () => packRowScaled(r.uniform(12), "int8", 2, 6),
+    /W \[2, 6\] cannot be held as int8: its rows must be a multiple of 4 values/,
+  );
+  const parts = { ...int8, parts: [{ w: int8 }] };
+  assert.throws(
+    () => matmulDispatches(gpu, { x, w: parts, y }, { m: 1, swiglu: true }),
+    /swiglu W cannot be made of parts/,
+  );
+  assert.throws(
+    () => quantizeWeightDispatch(gpu, int8, "e4m3"),
+    /quantize 33x64: W is already int8/,
+  );
+});

@@ -7,6 +7,13 @@
 # [".gpu"]. Usage: bash scripts/gpu_quant.sh [tests] [bench] [sweep]   (default all three, about
 # nine minutes on the H200; results under $OUT: log.txt, bench-*.json / .txt, sweep-*.txt)
 set -u
+if [[ " $* " == *" -h "* || " $* " == *" --help "* ]]; then
+  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
+for p in "$@"; do
+  [[ $p == tests || $p == bench || $p == sweep ]] || { echo "gpu_quant.sh: unknown part '$p' (tests, bench, sweep)" >&2; exit 2; }
+done
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/strata-gpu}
 mkdir -p "$out"
@@ -21,7 +28,9 @@ if want tests; then
   timeout 120 bash .gpu/run.sh test -A --cached-only tests/kernels_quant_test.ts > "$out/test-kernels.txt" 2>&1
   tail -3 "$out/test-kernels.txt" | tee -a "$out/log.txt"
   log "engine tests (logprobs against the quantized reference, GGUF, the monitor's fallback)"
-  timeout 150 bash .gpu/run.sh test -A --cached-only tests/quant_engine_test.ts > "$out/test-engine.txt" 2>&1
+  # (not the CLI test: its child processes would look for the registry)
+  timeout 150 bash .gpu/run.sh test -A --cached-only --filter "/^(--quantize|GGUF|precision)/" tests/quant_engine_test.ts \
+    > "$out/test-engine.txt" 2>&1
   grep -E "Δ|passed|FAILED" "$out/test-engine.txt" | tail -8 | tee -a "$out/log.txt"
 fi
 

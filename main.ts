@@ -5,14 +5,14 @@
  *                   [--kv-cold DIR] [--kv-warm-mb N] [--max-connections N] [--allowed-hosts H,...]
  *   deno task generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *                      [--temperature T] [--seed S] [--json] [--kv-dtype f32|f16]
- *                      [--context-length N]
+ *                      [--context-length N] [--quantize int8|e4m3|none]
  */
 import { parseArgs } from "node:util";
 import { Engine } from "./engine/engine.ts";
 import { sampling } from "./api/types.ts";
 import { status } from "./engine/model/progress.ts";
 import { WorkerEngine } from "./engine/worker/host.ts";
-import { parseKvDtype } from "./gpu/dtype.ts";
+import { parseKvDtype, parseQuantize, type QuantizeMode } from "./gpu/dtype.ts";
 
 /** The model served when none is given: the small model shipped in models/. */
 export const DEFAULT_MODEL = new URL("./models/strata-default", import.meta.url).pathname;
@@ -23,11 +23,12 @@ const USAGE = `usage:
                    [--allowed-hosts HOSTS] [--max-body-bytes N] [--max-connections N]
                    [--header-timeout S] [--idle-timeout S] [--body-timeout S]
                    [--kv-dtype f32|f16] [--kv-blocks N] [--kv-cold DIR] [--kv-warm-mb N]
-                   [--kv-sync] [--speculate off|auto]
+                   [--kv-sync] [--speculate off|auto] [--quantize int8|e4m3|none]
+                   [--quantize-fallback on|off]
   main.ts generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
                    [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
                    [--stop STR] [--chat] [--json] [--kv-dtype f32|f16] [--context-length N]
-                   [--speculate off|auto]
+                   [--speculate off|auto] [--quantize int8|e4m3|none] [--quantize-fallback on|off]
 --kv PATH keeps sessions (tokens and KV blocks) in Deno KV at PATH across restarts.
 --kv-sync: a session's turn ends (its last SSE chunk, JSON response or WebSocket "done") only
 once its snapshot is committed to the store, so an answered turn survives a crash; without it the
@@ -40,6 +41,12 @@ pass where that is faster (the tokens are exactly those of plain decoding); off 
 --kv-dtype f16 holds the KV cache in half the memory (K and V rounded to f16); default f32.
 --kv-blocks N sizes the GPU KV pool in 16-token blocks (default 4096 f32 blocks' worth of memory,
 at most what one binding holds).
+--quantize int8|e4m3 quantizes every layer's projections (QKV, o, gate/up, down) at load, one
+scale per output row; norms, attention, residuals, the KV cache, embeddings and the LM head keep
+their precision. A monitor measures each layer's inputs every batch and runs a layer whose inputs
+leave the safe range at its 16-bit weights (/metrics, /health); --quantize-fallback off frees
+those weights' memory instead (layers then stay quantized). Default none. GGUF files with
+quantized tensors (Q8_0, Q4_0, Q4_K, Q6_K) run in their own types without --quantize.
 --api-key KEY, once per tenant: each key's sessions and prefix cache are its own.
 --allowed-hosts: Host names the server answers to (default: the loopback names when --host is a
 loopback address, else any; * for any). --cors ORIGINS also lets those pages open WebSockets.
@@ -85,6 +92,31 @@ function list(v: string | undefined): string[] | undefined {
   return v?.split(",").map((x) => x.trim()).filter((x) => x !== "");
 }
 
+/**
+ * The engine options of --quantize and --quantize-fallback.
+ *
+ * @throws Error naming the flag for a value it does not take, or a fallback without --quantize
+ */
+function quantizeOptions(
+  q: string | undefined,
+  fallback: string | undefined,
+): { quantize: QuantizeMode; fallback: boolean } {
+  const quantize = parseQuantize(q);
+  if (fallback !== undefined && fallback !== "on" && fallback !== "off") {
+    throw new Error(`--quantize-fallback must be on or off; got '${fallback}'`);
+  }
+  if (fallback !== undefined && quantize === "none") {
+    throw new Error("--quantize-fallback applies with --quantize int8 or e4m3");
+  }
+  return { quantize, fallback: fallback !== "off" };
+}
+
+/** "; int8 projections, 16-bit fallback kept" for a status line (nothing when not quantized). */
+function quantNote(q: { mode: string; formats: string[]; fallback: boolean }): string {
+  if (q.mode === "none") return "";
+  return `; ${q.formats.join("+")} projections, 16-bit fallback ${q.fallback ? "kept" : "off"}`;
+}
+
 async function generate(args: string[]): Promise<void> {
   const { values: v } = parseArgs({
     args,
@@ -104,6 +136,8 @@ async function generate(args: string[]): Promise<void> {
       "kv-dtype": { type: "string" },
       "context-length": { type: "string" },
       speculate: { type: "string" },
+      quantize: { type: "string" },
+      "quantize-fallback": { type: "string" },
       help: { type: "boolean" },
     },
   });
@@ -118,8 +152,9 @@ async function generate(args: string[]): Promise<void> {
       ? int("context-length", v["context-length"], 0)
       : undefined,
     speculate: speculateFlag(v.speculate ?? (Deno.env.get("STRATA_SPECULATE") || undefined)),
+    ...quantizeOptions(v.quantize, v["quantize-fallback"]),
   });
-  status(`model ${engine.modelId} on ${engine.adapterName}`);
+  status(`model ${engine.modelId} on ${engine.adapterName}${quantNote(engine.weights.quant)}`);
   const promptIds = v["prompt-ids"] !== undefined
     ? v["prompt-ids"].split(",").map((s) => int("prompt-ids", s.trim(), 0))
     : v.chat
@@ -190,10 +225,13 @@ async function serve(args: string[]): Promise<void> {
       "kv-warm-mb": { type: "string" },
       "kv-sync": { type: "boolean" },
       speculate: { type: "string" },
+      quantize: { type: "string" },
+      "quantize-fallback": { type: "string" },
       help: { type: "boolean" },
     },
   });
   if (v.help) return console.log(USAGE);
+  const quantize = quantizeOptions(v.quantize, v["quantize-fallback"]);
   const env = (k: string) => Deno.env.get(k) || undefined;
   const kvPath = v.kv ?? env("STRATA_KV");
   const syncEnv = env("STRATA_KV_SYNC");
@@ -268,6 +306,7 @@ async function serve(args: string[]): Promise<void> {
     kvBlocks: v["kv-blocks"] ?? env("STRATA_KV_BLOCKS")
       ? int("kv-blocks", v["kv-blocks"] ?? env("STRATA_KV_BLOCKS"), 0)
       : undefined,
+    ...quantize,
   });
   const { createApp } = await import("./routes/app.ts");
   const { listen } = await import("./routes/listen.ts");
@@ -288,7 +327,8 @@ async function serve(args: string[]): Promise<void> {
       console.error(
         `strata: serving ${engine.modelId} on ${engine.adapterName} at http://${hostname}:${port}/` +
           ` (KV cache: ${engine.kvStats().gpu.total} blocks of 16 tokens, ${engine.kvDtype}; ` +
-          `${apiKeys.length} API key${apiKeys.length === 1 ? "" : "s"})`,
+          `${apiKeys.length} API key${apiKeys.length === 1 ? "" : "s"}` +
+          `${quantize.quantize !== "none" ? `; ${quantize.quantize} projections` : ""})`,
       ),
   });
   // On SIGINT/SIGTERM: new requests get 503 while running ones finish, then exit. Once: a

@@ -145,6 +145,33 @@ export interface SpeculationStats {
   accepted: number;
 }
 
+/** One layer's precision, for /metrics and /health. */
+export interface LayerPrecisionStats {
+  /** What its projections run now, e.g. "int8", "f16" (after a fallback), "q4_k+q6_k". */
+  format: string;
+  /** Bits per weight of its largest projection (gate/up) now: 4, 8, 16 or 32. */
+  bits: number;
+  /** Runs its 16-bit weights after the monitor found it out of range. */
+  fellBack: boolean;
+  /** Batches the monitor found it out of range. */
+  outOfRange: number;
+  /** Why, the last time. */
+  reason?: string;
+}
+
+/** The projections' precision and the monitor's counts (see docs/quantization.md). */
+export interface PrecisionStats {
+  /** "none" (as loaded), "int8" or "e4m3" (`--quantize`), "gguf" (the file's types). */
+  mode: string;
+  /** Whether the 16-bit weights are on the GPU for the monitor to fall back to. */
+  fallback: boolean;
+  layers: LayerPrecisionStats[];
+  /** Batches measured; switches to 16 bits, and back. */
+  observations: number;
+  fallbacks: number;
+  recoveries: number;
+}
+
 /** The engine the server drives (implemented by `Engine` in engine/engine.ts). */
 export interface EngineLike {
   modelId: string;
@@ -195,6 +222,8 @@ export interface EngineLike {
    * @throws InvalidRequestError for another mode, or to turn on an engine that cannot
    */
   setSpeculation(mode: "off" | "auto"): Promise<void>;
+  /** The layers' precision (engines without it report nothing). */
+  precisionStats?(): PrecisionStats | undefined;
 }
 
 /**

@@ -14,6 +14,7 @@ import type {
   Generation,
   GenerationResult,
   KvStats,
+  PrecisionStats,
   SessionInfo,
   SpeculationStats,
   TokenEvent,
@@ -24,17 +25,16 @@ import {
   InvalidRequestError,
   SessionBusyError,
 } from "../api/errors.ts";
-import { getGpu, type Gpu, isCpuAdapter } from "../gpu/device.ts";
-import { KV_BYTES, type KvDtype } from "../gpu/dtype.ts";
+import { getGpu, type Gpu } from "../gpu/device.ts";
+import type { KvDtype } from "../gpu/dtype.ts";
 import type { Dispatch } from "../gpu/dispatch.ts";
-import { configMask, type ModelConfig, ropeInvFreq } from "./model/config.ts";
-import { type AttentionMask, checkMask } from "../kernels/attention_mask.ts";
+import { type ModelConfig, ropeInvFreq } from "./model/config.ts";
 import { loadModelFolder } from "./model/folder.ts";
 import type { GpuModel } from "./model/gpu_model.ts";
 import { TextTokenizer } from "./model/tokenizer.ts";
-import { type ModelWeights, uploadWeights } from "./model/weights.ts";
+import { decodeBytes, type ModelWeights, uploadWeights } from "./model/weights.ts";
 import { BLOCK, scopeRoot, SequenceBlocks } from "./kv/blocks.ts";
-import { kvBlockBytes, KvPool } from "./kv/pool.ts";
+import { KvPool } from "./kv/pool.ts";
 import { Runner } from "./runner/runner.ts";
 import type { SessionStore } from "./sessions/store.ts";
 import { Sessions } from "./sessions/sessions.ts";
@@ -42,67 +42,12 @@ import { type HostStats, Loop } from "./sched/loop.ts";
 import { Scheduler } from "./sched/scheduler.ts";
 import { Sequence } from "./sched/sequence.ts";
 import { SpeculationPolicy } from "./sched/speculation.ts";
-import { MAX_SPEC_ROWS } from "../kernels/speculate.ts";
 import { ConstraintCompiler, ConstraintImages } from "./constraints.ts";
+import { type EngineOptions, poolBlocks, type Settled, settleOptions } from "./options.ts";
+import { PrecisionPolicy, type PrecisionThresholds } from "./sched/precision.ts";
+import { precisionStats } from "./sched/precision_stats.ts";
 
-/** Options for {@linkcode Engine.load}. */
-export interface EngineOptions {
-  /** Sequences decoding together (default 16). */
-  maxSlots?: number;
-  /** Requests waiting for a slot before new ones get EngineBusyError (default 64). */
-  maxQueued?: number;
-  /** Longest prompt + completion (default min(model max positions, 2048)). */
-  contextLength?: number;
-  /** Prefill chunk in tokens (default 512; 256 on CPU adapters). */
-  maxChunk?: number;
-  /** Most decode steps per GPU submission (default 32; 4 on CPU adapters). */
-  maxSteps?: number;
-  /**
-   * Decode steps queued on the GPU at once, in units of maxSteps (default 2), the one encoded
-   * ahead and held for the next readback included: deeper keeps the GPU busy while K ramps up
-   * and the host reads back, but tokens arrive in larger bursts and a new request's prefill
-   * waits behind more queued work.
-   */
-  queueDepth?: number;
-  /**
-   * KV blocks (default: as many as fit in one binding, at most 4096 with an f32 cache and 8192
-   * with an f16 one, the same memory).
-   */
-  kvBlocks?: number;
-  /**
-   * Element type of the KV cache (default f32). f16 halves the cache's memory and the bytes
-   * decode attention reads; K and V are then rounded to f16 as they are written, so outputs
-   * differ from an f32 cache by rounding (greedy tokens may part at near-ties).
-   */
-  kvDtype?: KvDtype;
-  /** Where sessions are snapshotted after every turn and restored from at load (Deno KV). */
-  store?: SessionStore;
-  /**
-   * A turn of a session ends (its generation's `result` resolves) only once its snapshot is
-   * committed to the store, so an acknowledged turn survives a crash (`--kv-sync`; needs
-   * `store`). Default false: the snapshot lands shortly after (`SessionInfo.persistedAt`).
-   */
-  kvSync?: boolean;
-  /**
-   * Speculative decoding (drafts from each sequence's own history, verified in one pass; the
-   * tokens are those of plain decoding): "auto" speculates when the measured cost pays, "on"
-   * always (tests), "off" never (default).
-   */
-  speculate?: "off" | "auto" | "on";
-  /** Drafts per verification step at most (default 4; rows per slot are one more). */
-  drafts?: number;
-  /**
-   * Streaming attention (docs/long_context.md): every query sees the first `sinks` tokens and
-   * the last `window` (itself included) instead of the model's mask, so a sequence runs on past
-   * what fits without prefilling again: the blocks behind the window go back to the pool as it
-   * moves (sequences without a session). Positions stay absolute (keys are stored rotated).
-   * Both integers ≥ 1; a window no wider than a Mistral model's own.
-   */
-  attentionSinks?: { sinks: number; window: number };
-  gpu?: Gpu;
-}
-
-export type { HostStats };
+export type { EngineOptions, HostStats };
 
 /** Ring regions: submissions in flight plus prefill chunks, with room to spare. */
 const REGIONS = 8;
@@ -110,10 +55,6 @@ const REGIONS = 8;
 const TOP_K = 20;
 
 /** The options {@linkcode Engine.create} settled on. */
-type Settled =
-  & Required<Omit<EngineOptions, "gpu" | "kvBlocks" | "store" | "attentionSinks">>
-  & { mask: AttentionMask };
-
 /** A model on the GPU and the scheduler that serves it. */
 export class Engine implements EngineLike {
   readonly modelId: string;
@@ -136,6 +77,8 @@ export class Engine implements EngineLike {
   readonly #images = new ConstraintImages();
   /** A score runs: it uses slot 0, so no generation may start meanwhile. */
   #scoring = false;
+  /** Which precision each layer runs at (the monitor's measurements decide). */
+  readonly #precision: PrecisionPolicy;
 
   private constructor(
     readonly gpu: Gpu,
@@ -146,6 +89,7 @@ export class Engine implements EngineLike {
       runner: Runner<Sequence>;
       compiler: ConstraintCompiler;
       store?: SessionStore;
+      precision?: Partial<PrecisionThresholds>;
     },
   ) {
     this.modelId = model.id;
@@ -168,6 +112,14 @@ export class Engine implements EngineLike {
       speculation: this.#speculation,
       mask: opts.mask,
     });
+    const monitor = this.runner.monitor;
+    this.#precision = new PrecisionPolicy({
+      canFallBack: monitor.canFallBack,
+      thresholds: parts.precision,
+    });
+    monitor.onObserve = (batch) => {
+      for (const c of this.#precision.observe(batch)) monitor.setPrecise(c.layer, c.precise);
+    };
   }
 
   /** Loads `dir` (an HF model folder) onto the GPU, and its sessions from the store. */
@@ -175,7 +127,11 @@ export class Engine implements EngineLike {
     const gpu = options.gpu ?? await getGpu();
     const folder = await loadModelFolder(dir);
     const tokenizer = TextTokenizer.load(folder);
-    const weights = await uploadWeights(gpu, folder, { invFreq: ropeInvFreq(folder.config) });
+    const weights = await uploadWeights(gpu, folder, {
+      invFreq: ropeInvFreq(folder.config),
+      quantize: options.quantize,
+      fallback: options.fallback,
+    });
     const model = { id: folder.id, config: folder.config, tokenizer, weights };
     const engine = Engine.create(gpu, model, options);
     await engine.#sessions.restore();
@@ -189,66 +145,8 @@ export class Engine implements EngineLike {
    */
   static create(gpu: Gpu, model: GpuModel, options: EngineOptions = {}): Engine {
     const { config: cfg, tokenizer, weights } = model;
-    const opts: Settled = {
-      maxSlots: options.maxSlots ?? 16,
-      maxQueued: options.maxQueued ?? 64,
-      // The kernels apply the model's mask (a Mistral window), so the context may run past it.
-      contextLength: options.contextLength ?? Math.min(cfg.maxPositions, 2048),
-      // A chunk fills the GPU's matmuls better the longer it is (docs/internals.md); on a CPU
-      // adapter a chunk blocks the event loop until it finishes.
-      maxChunk: options.maxChunk ?? (isCpuAdapter(gpu) ? 256 : 512),
-      // On a CPU adapter a submission blocks Deno's event loop until it finishes: keep it short
-      // so cancels, pings and other requests are served between submissions.
-      maxSteps: options.maxSteps ?? (isCpuAdapter(gpu) ? 4 : 32),
-      queueDepth: options.queueDepth ?? 2,
-      kvDtype: options.kvDtype ?? "f32",
-      kvSync: options.kvSync ?? false,
-      speculate: options.speculate ?? "off",
-      drafts: options.drafts ?? 4,
-      mask: engineMask(cfg, options.attentionSinks),
-    };
-    if (!["off", "auto", "on"].includes(opts.speculate)) {
-      throw new Error(`--speculate must be off, auto or on; got '${opts.speculate}'`);
-    }
-    if (!(Number.isInteger(opts.drafts) && opts.drafts >= 1 && opts.drafts < MAX_SPEC_ROWS)) {
-      throw new Error(
-        `--drafts must be an integer from 1 to ${MAX_SPEC_ROWS - 1}; got ${opts.drafts}`,
-      );
-    }
-    if (cfg.ropeScaling?.type === "dynamic" && opts.contextLength > cfg.maxPositions) {
-      // Past it, dynamic NTK rotates each key for the length the sequence had when it was
-      // written, so KV would depend on how a prompt was split and could not be shared.
-      throw new Error(
-        `--context-length ${opts.contextLength} is past max_position_embeddings ` +
-          `(${cfg.maxPositions}) of a model with 'dynamic' rope_scaling; strata runs dynamic NTK ` +
-          `only up to it (plain RoPE there, as transformers); lower --context-length`,
-      );
-    }
-    if (opts.kvSync && !options.store) {
-      throw new Error("--kv-sync needs --kv PATH (the session store it waits for)");
-    }
-    const perPool = Math.floor(gpu.maxBinding / kvBlockBytes(cfg, opts.kvDtype));
-    // The default is a memory budget, 4096 f32 blocks' worth: an f16 cache holds twice the tokens.
-    const budget = Math.floor((4096 * KV_BYTES.f32) / KV_BYTES[opts.kvDtype]);
-    if (
-      options.kvBlocks !== undefined &&
-      !(Number.isInteger(options.kvBlocks) && options.kvBlocks >= 2)
-    ) {
-      throw new Error(`--kv-blocks must be an integer >= 2; got ${options.kvBlocks}`);
-    }
-    const need = Math.ceil(opts.contextLength / BLOCK) + 1;
-    // By default room for one whole context at least, where one binding holds it (a 128k
-    // TinyLlama context in f16 takes 8193 blocks).
-    const numBlocks = Math.min(options.kvBlocks ?? Math.max(budget, need), perPool);
-    if (numBlocks < need) {
-      throw new Error(
-        `KV pool of ${numBlocks} blocks cannot hold one ${opts.contextLength}-token sequence; ` +
-          `lower --context-length` +
-          (opts.kvDtype === "f32" && numBlocks === perPool
-            ? " or use --kv-dtype f16 (twice the tokens in one binding)"
-            : ""),
-      );
-    }
+    const opts = settleOptions(gpu, cfg, options);
+    const numBlocks = poolBlocks(gpu, cfg, opts, options.kvBlocks);
     const kv = new KvPool(gpu, cfg, { numBlocks, dtype: opts.kvDtype });
     const compiler = new ConstraintCompiler(tokenizer, cfg.vocabSize);
     const runner = new Runner<Sequence>(gpu, cfg, weights, {
@@ -266,7 +164,8 @@ export class Engine implements EngineLike {
         mask: opts.mask,
       },
     });
-    return new Engine(gpu, model, opts, { kv, runner, compiler, store: options.store });
+    const precision = options.precision;
+    return new Engine(gpu, model, opts, { kv, runner, compiler, store: options.store, precision });
   }
 
   encode(text: string): number[] {
@@ -312,9 +211,15 @@ export class Engine implements EngineLike {
     this.#images.register(key, image);
   }
 
-  /** The weights' element type and their bytes on the GPU. */
-  get weights(): { dtype: ModelWeights["dtype"]; bytes: number } {
-    return { dtype: this.#weights.dtype, bytes: this.#weights.bytes };
+  /** The weights' element type, their bytes on the GPU, and how the projections are held. */
+  get weights(): Pick<ModelWeights, "dtype" | "bytes" | "quant"> & { decodeBytes: number } {
+    const w = this.#weights;
+    return { dtype: w.dtype, bytes: w.bytes, quant: w.quant, decodeBytes: decodeBytes(w) };
+  }
+
+  /** Each layer's precision and the monitor's counts (for /metrics and /health). */
+  precisionStats(): PrecisionStats {
+    return precisionStats(this.#weights, this.runner.monitor, this.#precision);
   }
 
   occupancy() {
@@ -513,29 +418,3 @@ export class Engine implements EngineLike {
 }
 
 export type { GenerationResult };
-
-/**
- * The attention mask an engine runs: the streaming option's sinks + window, else the model's
- * (causal, or a Mistral window).
- *
- * @throws Error naming the option when its values are not integers ≥ 1, or its window is wider
- *   than the model's own.
- */
-function engineMask(cfg: ModelConfig, sinks: EngineOptions["attentionSinks"]): AttentionMask {
-  if (!sinks) return configMask(cfg);
-  const mask = { kind: "sinks" as const, sinks: sinks.sinks, window: sinks.window };
-  try {
-    checkMask(mask);
-  } catch (e) {
-    throw new Error(
-      `attentionSinks: ${(e as Error).message.replace(/^attention mask sinks: /, "")}`,
-    );
-  }
-  if (cfg.slidingWindow !== undefined && sinks.window > cfg.slidingWindow) {
-    throw new Error(
-      `attentionSinks: window ${sinks.window} is wider than the model's sliding_window ` +
-        `(${cfg.slidingWindow})`,
-    );
-  }
-  return mask;
-}

@@ -6,8 +6,79 @@
 /** Weight dtypes strata loads. */
 export type DType = "f32" | "f16" | "bf16";
 
-/** The WGSL `WDTYPE` override value for a dtype (see docs/internals.md). */
-export const WDTYPE: Record<DType, number> = { f32: 0, f16: 1, bf16: 2 };
+/**
+ * How a weight matrix is held on the GPU: a float dtype, or 8/4-bit codes with scales
+ * (kernels/quant.ts draws each layout): `int8` and `e4m3` with one f32 scale per row (made at
+ * load by `--quantize`), and the GGUF block types repacked word-aligned.
+ */
+export type WeightFormat = DType | "int8" | "e4m3" | QuantType;
+
+/** The quantized ones of {@linkcode WeightFormat}. */
+export type QuantFormat = Exclude<WeightFormat, DType>;
+
+/**
+ * The WGSL `WDTYPE` override value of a weight format (see docs/internals.md and
+ * docs/quantization.md): 0–2 floats, 3 and up codes with scales (kernels/quant_common.wgsl).
+ */
+export const WDTYPE: Record<WeightFormat, number> = {
+  f32: 0,
+  f16: 1,
+  bf16: 2,
+  int8: 3,
+  e4m3: 4,
+  q8_0: 5,
+  q4_0: 6,
+  q4_k: 7,
+  q6_k: 8,
+};
+
+/** Whether `f` is one of the float dtypes (not codes with scales). */
+export function isFloatFormat(f: WeightFormat): f is DType {
+  return f === "f32" || f === "f16" || f === "bf16";
+}
+
+/** What `--quantize` makes of a model's projections (`none`: they stay as loaded). */
+export type QuantizeMode = "int8" | "e4m3" | "none";
+
+/**
+ * The `--quantize` flag's value (none when absent).
+ *
+ * @throws Error naming the flag when `v` is not int8, e4m3 or none.
+ */
+export function parseQuantize(v: string | undefined): QuantizeMode {
+  if (v === undefined || v === "none" || v === "int8" || v === "e4m3") return v ?? "none";
+  throw new Error(`--quantize must be int8, e4m3 or none; got '${v}'`);
+}
+
+/** Largest finite e4m3 value (OCP FP8 E4M3: 1.75 · 2^8); strata's codes saturate there. */
+export const E4M3_MAX = 448;
+
+/**
+ * The e4m3 code nearest to `v` (round half to even), as strata stores them: sign, 4 exponent
+ * bits (bias 7), 3 mantissa bits; no NaN (saturates at ±448) and no subnormals (|v| below 2^-6,
+ * the smallest normal, rounds to 0 or ±2^-6, 2^-7 to 0), so the GPU decodes a code through an
+ * f16 that is never subnormal (llvmpipe flushes some). `v` is taken as an f32 first, as the GPU
+ * quantizer (kernels/quant_weights.wgsl) has it, and rounded exactly as that kernel rounds.
+ */
+export function e4m3Bits(v: number): number {
+  const f = new Float32Array([v]);
+  const u = new Uint32Array(f.buffer)[0];
+  const sign = (u >>> 31) << 7;
+  const a = u & 0x7fffffff;
+  if (a > 0x7f800000) return 0x7e | sign; // NaN: never produced by a finite scale
+  if (a < 0x3c800000) return a > 0x3c000000 ? 0x08 | sign : sign; // below 2^-6: 0 or 2^-6
+  const r = (a + 0x7ffff + ((a >>> 20) & 1)) >>> 20; // 3 mantissa bits, half to even
+  const e = (r >>> 3) - 120;
+  if (e > 15 || (e === 15 && (r & 7) === 7)) return 0x7e | sign;
+  return sign | (e << 3) | (r & 7);
+}
+
+/** The value of an e4m3 code as {@linkcode e4m3Bits} writes them (subnormal codes decode too). */
+export function e4m3Value(bits: number): number {
+  const e = (bits >> 3) & 15, m = bits & 7;
+  const mag = e === 0 ? m * 2 ** -9 : (8 + m) * 2 ** (e - 10);
+  return bits & 0x80 ? -mag : mag;
+}
 
 /** Bytes per element. */
 export const BYTES: Record<DType, number> = { f32: 4, f16: 2, bf16: 2 };

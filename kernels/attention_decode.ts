@@ -378,3 +378,20 @@ export type DecodeWarmOptions = Omit<AttentionDecodeOptions, "layer" | "nLayers"
 export function warmAttentionDecode(gpu: Gpu, opts: DecodeWarmOptions): number {
   return decodePipelines(gpu, opts).splits;
 }
+
+/**
+ * {@linkcode warmAttentionDecode} for every batch width 1..maxSeqs of each length bucket in
+ * `tops` (an engine's longer buckets, compiled at load).
+ */
+export function warmDecodeBuckets(
+  gpu: Gpu,
+  tops: readonly number[],
+  maxSeqs: number,
+  opts: Omit<DecodeWarmOptions, "seqs" | "maxContext">,
+): void {
+  for (const maxContext of tops) {
+    for (let seqs = 1; seqs <= maxSeqs; seqs++) {
+      warmAttentionDecode(gpu, { ...opts, seqs, maxContext });
+    }
+  }
+}

@@ -6,14 +6,14 @@ import type { Gpu } from "../gpu/device.ts";
 import { WDTYPE } from "../gpu/dtype.ts";
 import { bindGroup, type Dispatch, grid, params, uniform } from "../gpu/dispatch.ts";
 import { pipeline } from "./pipeline.ts";
-import type { WeightBuffer } from "./weight.ts";
+import type { FloatWeight } from "./weight.ts";
 
 const WG = 256;
 
 /** Buffers of {@linkcode embeddingDispatch}. */
 export interface EmbeddingBuffers {
-  /** `[vocab, hidden]` embedding table. */
-  table: WeightBuffer;
+  /** `[vocab, hidden]` embedding table, floats (quantized models keep theirs as floats). */
+  table: FloatWeight;
   /** `u32 [count]` token ids (ids ≥ vocab are clamped to the last row). */
   tokens: GPUBuffer;
   /** `f32 [count, table.cols]`. */

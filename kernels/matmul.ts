@@ -16,6 +16,13 @@
  *   SGEMM tiles; up to 256 rows K may be split (then two dispatches).
  * - `naive` (kernels/matmul_naive.ts): the plain statement of the contract; serves M ≤ 64 with
  *   an awkward K.
+ * - `q8` (kernels/matmul_q8.ts): int8 W from 17 rows: x quantized to int8 per row first
+ *   (kernels/quant_x.ts, the norm folded in there), `dot4I8Packed` with i32 sums.
+ *
+ * Quantized W (kernels/quant.ts: int8, e4m3, the GGUF types) runs in `small` up to 16 rows
+ * (decoded in registers: the bytes are what bounds decode), then in `q8` (int8, where the adapter
+ * has `dot4I8Packed`) or `tiled` (every format: decoded as it is staged), and in `naive` where K
+ * does not fit `small`'s units.
  *
  * Each kernel has two optional fusions that save dispatches in a decoder layer:
  *
@@ -29,9 +36,12 @@
  * `scripts/sweep_kernels.ts --m 1,8,32 --variants '[{}, {"path": "tiled"}]'`.
  */
 import type { Gpu } from "../gpu/device.ts";
-import { BYTES, WDTYPE } from "../gpu/dtype.ts";
+import { isFloatFormat, WDTYPE } from "../gpu/dtype.ts";
 import { type Dispatch, grid } from "../gpu/dispatch.ts";
-import { SWIGLU_BLOCK, type WeightBuffer } from "./weight.ts";
+import { elementBytes, SWIGLU_BLOCK, type WeightBuffer } from "./weight.ts";
+import { hasDot4, q8Dispatches, type Q8Tuning } from "./matmul_q8.ts";
+import { type Measure, quantXDispatch } from "./quant_x.ts";
+import { rowMultiple, scaleWords } from "./quant.ts";
 import {
   at,
   ceil16,
@@ -47,7 +57,7 @@ import { tiledDispatch, type TiledTuning } from "./matmul_tiled.ts";
 import { naiveDispatch } from "./matmul_naive.ts";
 
 /** Which kernel computes a matmul; see the module doc. */
-export type MatmulPath = "small" | "rows" | "tiled" | "naive";
+export type MatmulPath = "small" | "rows" | "tiled" | "naive" | "q8";
 
 /** Buffers of {@linkcode matmulDispatches}. */
 export interface MatmulBuffers {
@@ -61,6 +71,11 @@ export interface MatmulBuffers {
   bias?: GPUBuffer;
   /** Optional `f32 [K]`: normalise each row of x first (RMSNorm with these weights; set `eps`). */
   normWeight?: GPUBuffer;
+  /**
+   * The precision monitor's measurement of this product's input (kernels/quant_x.ts): folded
+   * into `q8`'s quantization of x, or one more dispatch before the others.
+   */
+  measure?: Measure;
 }
 
 /** Shape of {@linkcode matmulDispatches}. */
@@ -90,6 +105,8 @@ export interface MatmulOptions {
   tiled?: Partial<TiledTuning>;
   /** Override the `rows` launch shape (benchmarks, tests), merged over `rowsTuning`'s. */
   rows?: Partial<RowsTuning>;
+  /** Override the `q8` launch shape (benchmarks, tests), merged over `q8Tuning`'s. */
+  q8?: Partial<Q8Tuning>;
   /** Expand the kernels' `// @unroll` loops (default true; false to measure the plain loops). */
   unroll?: boolean;
 }
@@ -122,8 +139,23 @@ const ROWS_MAX_M = 64;
 const ROWS_NARROW_MIN_M = 25;
 const ROWS_NARROW_MAX_M = 48;
 
-/** The kernel {@linkcode matmulDispatches} picks for `m` rows of x times `w`. */
-export function matmulPath(m: number, w: WeightBuffer): MatmulPath {
+/**
+ * Rows of x up to which quantized W runs in `small` (the bytes bound decode, and `small` reads
+ * each byte once); from there `q8` (int8) or `tiled`.
+ */
+const QUANT_SMALL_MAX_M = 16;
+
+/**
+ * The kernel {@linkcode matmulDispatches} picks for `m` rows of x times `w` (`dot4`: whether the
+ * adapter has `dot4I8Packed`; default: whether this Deno's WebGPU does).
+ */
+export function matmulPath(m: number, w: WeightBuffer, dot4 = hasDot4()): MatmulPath {
+  if (!isFloatFormat(w.dtype)) {
+    if (m > QUANT_SMALL_MAX_M) {
+      return w.dtype === "int8" && dot4 && w.cols % 16 === 0 ? "q8" : "tiled";
+    }
+    return w.cols % unitWidth(w.dtype) === 0 ? "small" : "naive";
+  }
   if (w.dtype !== "f32" && w.cols % 8 === 0) {
     if (m >= ROWS_MIN_M && m <= ROWS_MAX_M && w.rows >= ROWS_WIDE * w.cols) return "rows";
     if (m >= ROWS_NARROW_MIN_M && m <= ROWS_NARROW_MAX_M) return "rows";
@@ -156,6 +188,7 @@ export function matmulDispatches(
   buffers: MatmulBuffers,
   opts: MatmulOptions,
 ): Dispatch[] {
+  if (buffers.w.parts) return partsDispatches(gpu, buffers, opts);
   const { x, w, y, normWeight } = buffers;
   const { m } = opts;
   const swiglu = opts.swiglu ?? false;
@@ -167,6 +200,8 @@ export function matmulDispatches(
   check(gpu, buffers, { m, n, k, yStride, yOffset, path, swiglu, block, eps: opts.eps });
 
   const flags = (buffers.bias ? 1 : 0) | (opts.accumulate ? 2 : 0);
+  // q8 folds the norm into its quantization of x: the matmul and its reduce see normed x.
+  const norm = normWeight !== undefined && path !== "q8";
   const label = `matmul ${path} ${m}x${n}x${k} ${w.dtype}${buffers.bias ? " +bias" : ""}` +
     (normWeight ? " +norm" : "") + (swiglu ? " swiglu" : "") + (opts.accumulate ? " +=" : "");
   const launch: MatmulLaunch = {
@@ -183,15 +218,46 @@ export function matmulDispatches(
     cols: swiglu ? 2 * n : n,
     swiglu,
     params: { m, n, k, yStride, yOffset, flags, eps: opts.eps ?? 0, block },
-    constants: { WDTYPE: WDTYPE[w.dtype], NORM: normWeight ? 1 : 0, SWIGLU: swiglu ? 1 : 0 },
+    constants: { WDTYPE: WDTYPE[w.dtype], NORM: norm ? 1 : 0, SWIGLU: swiglu ? 1 : 0 },
     unroll: opts.unroll,
   };
-  if (path === "small") return [smallDispatch(gpu, launch, opts.small)];
-  if (path === "naive") return [naiveDispatch(gpu, launch)];
+  const { measure } = buffers;
+  if (path === "q8") {
+    const q = q8Dispatches(gpu, launch, { tuning: opts.q8, measure });
+    const tail = q.split ? [reduceDispatch(gpu, launch, q.dispatch.label, q.split)] : [];
+    return [q.quant, q.dispatch, ...tail];
+  }
+  // The monitor's measurement, before the product, of the input as the product sees it.
+  const measured = measure
+    ? [quantXDispatch(gpu, { x, normWeight, ...measure }, { m, k, eps: opts.eps })]
+    : [];
+  if (path === "small") return [...measured, smallDispatch(gpu, launch, opts.small)];
+  if (path === "naive") return [...measured, naiveDispatch(gpu, launch)];
   const { dispatch, split } = path === "rows"
     ? rowsDispatch(gpu, launch, opts.rows)
     : tiledDispatch(gpu, launch, opts.tiled);
-  return split ? [dispatch, reduceDispatch(gpu, launch, dispatch.label, split)] : [dispatch];
+  const reduce = split ? [reduceDispatch(gpu, launch, dispatch.label, split)] : [];
+  return [...measured, dispatch, ...reduce];
+}
+
+/** A W made of row blocks (`WeightBuffer.parts`): one matmul per block, into its columns of y. */
+function partsDispatches(gpu: Gpu, b: MatmulBuffers, opts: MatmulOptions): Dispatch[] {
+  const parts = b.w.parts!, rows = parts.reduce((n, p) => n + p.w.rows, 0);
+  const where = `matmul ${opts.m}x${rows}x${b.w.cols} in ${parts.length} parts`;
+  if (opts.swiglu) fail(where, "swiglu W cannot be made of parts");
+  if (rows !== b.w.rows) fail(where, `the parts have ${rows} rows; W has ${b.w.rows}`);
+  if (b.bias && parts.some((p) => !p.bias)) fail(where, "with a bias, every part needs its own");
+  let r0 = 0;
+  return parts.flatMap((p, i) => {
+    const d = matmulDispatches(gpu, {
+      ...b,
+      w: p.w,
+      bias: b.bias ? p.bias : undefined,
+      measure: i === 0 ? b.measure : undefined,
+    }, { ...opts, yStride: opts.yStride ?? rows, yOffset: (opts.yOffset ?? 0) + r0 });
+    r0 += p.w.rows;
+    return d;
+  });
 }
 
 /**
@@ -238,8 +304,17 @@ function check(gpu: Gpu, buffers: MatmulBuffers, s: Shape): void {
   if (s.path === "small" && s.k % unitWidth(w.dtype) !== 0) {
     fail(where, `the small kernel needs K % ${unitWidth(w.dtype)} == 0`);
   }
-  if (s.path === "rows" && (w.dtype === "f32" || s.k % 8 !== 0)) {
+  if (s.path === "rows" && (!isFloatFormat(w.dtype) || w.dtype === "f32" || s.k % 8 !== 0)) {
     fail(where, "the rows kernel needs 16-bit W and K % 8 == 0");
+  }
+  if (!isFloatFormat(w.dtype)) {
+    const need = 4 * scaleWords(w.dtype, w.rows, s.k);
+    if (s.k % rowMultiple(w.dtype) !== 0) {
+      fail(where, `${w.dtype} rows must be a multiple of ${rowMultiple(w.dtype)} values`);
+    }
+    if (!w.scales || w.scales.size < need) {
+      fail(where, `the scales hold ${w.scales?.size ?? 0} bytes; need ${need}`);
+    }
   }
   if (s.swiglu && w.rows % 2 !== 0) fail(where, `swiglu needs gate/up rows; W has ${w.rows}`);
   if (s.swiglu && !(Number.isInteger(s.block) && s.block >= 1)) {
@@ -248,7 +323,7 @@ function check(gpu: Gpu, buffers: MatmulBuffers, s: Shape): void {
   // The tiled kernel reads x, W and nw as 16-byte vectors: it needs the last one whole.
   const whole = (bytes: number) =>
     s.path === "tiled" || s.path === "rows" ? ceil16(bytes) : Math.ceil(bytes / 4) * 4;
-  const wBytes = whole(w.rows * s.k * BYTES[w.dtype]);
+  const wBytes = whole(w.rows * s.k * elementBytes(w.dtype));
   if (w.buffer.size < wBytes) fail(where, `W holds ${w.buffer.size} bytes; needs ${wBytes}`);
   if (wBytes > gpu.maxBinding) {
     fail(

@@ -1,5 +1,6 @@
-// matmul_common.wgsl (prepended): WDTYPE, NORM, SWIGLU, Params, p, bias, y, cols, col_row,
-// unpack2, store_out, store4.
+// matmul_common.wgsl, quant_common.wgsl and matmul_tiled_quant.wgsl (prepended): WDTYPE, NORM,
+// SWIGLU, Params, p, bias, y, cols, col_row, unpack2, store_out, store4; is_quant, fetch_wq,
+// decode_wq (quantized W: one word per slot, decoded as it is staged).
 // Tiled matmul for prefill (M > 64 rows): y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n]).
 //
 // Classic SGEMM register blocking. A workgroup of (BM / TM) x (BN / TN) threads owns a BM x BN
@@ -92,8 +93,11 @@ fn threads() -> u32 {
   return (BM / TM) * (BN / TN);
 }
 
-// Elements of W per 16-byte slot.
+// Elements of W per slot: 16 bytes of floats, or one word of codes.
 fn wk() -> u32 {
+  if (is_quant()) {
+    return 32u / q_bits();
+  }
   return select(8u, 4u, WDTYPE == 0u);
 }
 
@@ -185,6 +189,9 @@ fn fetch_nw(s: u32, k0: u32) -> vec4<f32> {
 // half of word i; zeros past K).
 fn fetch_w(s: u32, o: u32, k0: u32) -> vec4<u32> {
   let e = o + k0;
+  if (is_quant()) {
+    return fetch_wq(e, k0 + wk() * (s % (BK / wk())));
+  }
   if (ALIGNED) {
     return w[e / wk()];
   }
@@ -276,15 +283,19 @@ fn put_w(s: u32, q: vec4<u32>, b: u32) {
   let o = b * BK * ldw() + wk() * (s % (BK / wk())) * ldw() + n;
   let c = n % 4u;
   var lo = bitcast<vec4<f32>>(q);
-  if (WDTYPE != 0u) {
+  var hi = vec4<f32>(unpack2(q.z), unpack2(q.w));
+  if (is_quant()) {
+    let d = decode_wq(q);
+    lo = d.lo;
+    hi = d.hi;
+  } else if (WDTYPE != 0u) {
     lo = vec4<f32>(unpack2(q.x), unpack2(q.y));
   }
   ws[o / 4u][c] = lo.x;
   ws[(o + ldw()) / 4u][c] = lo.y;
   ws[(o + 2u * ldw()) / 4u][c] = lo.z;
   ws[(o + 3u * ldw()) / 4u][c] = lo.w;
-  if (WDTYPE != 0u) {
-    let hi = vec4<f32>(unpack2(q.z), unpack2(q.w));
+  if (wk() == 8u) {
     ws[(o + 4u * ldw()) / 4u][c] = hi.x;
     ws[(o + 5u * ldw()) / 4u][c] = hi.y;
     ws[(o + 6u * ldw()) / 4u][c] = hi.z;

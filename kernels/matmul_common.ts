@@ -93,15 +93,19 @@ export function matmulUniform(
   return uniform(gpu, packMatmulParams({ ...launch.params, groupsX: own.groupsX, kspan, splits }));
 }
 
-/** The pipeline of `file` (matmul_common.wgsl prepended) for `launch` with these constants. */
+/**
+ * The pipeline of `file` (matmul_common.wgsl and quant_common.wgsl prepended, then `extra`) for
+ * `launch` with these constants.
+ */
 export function matmulPipeline(
   gpu: Gpu,
   file: string,
   launch: MatmulLaunch,
-  opts: { constants?: Record<string, number>; entryPoint?: string } = {},
+  opts: { constants?: Record<string, number>; entryPoint?: string; extra?: string } = {},
 ): GPUComputePipeline {
+  const extra = opts.extra ? "\n" + wgsl(opts.extra) : "";
   return pipeline(gpu, file, {
-    prelude: wgsl("matmul_common.wgsl"),
+    prelude: wgsl("matmul_common.wgsl") + "\n" + wgsl("quant_common.wgsl") + extra,
     constants: { ...launch.constants, ...opts.constants },
     entryPoint: opts.entryPoint,
     unroll: launch.unroll,

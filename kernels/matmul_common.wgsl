@@ -3,7 +3,7 @@
 // Params layout (packed by kernels/matmul_common.ts, field for field), the bindings every kernel
 // shares, weight unpacking, the gate/up row map and the epilogue (store_out, store4).
 
-override WDTYPE: u32 = 1u; // 0 = f32, 1 = f16, 2 = bf16
+override WDTYPE: u32 = 1u; // 0 = f32, 1 = f16, 2 = bf16; 3.. quantized (quant_common.wgsl)
 override NORM: bool = false; // fold RMSNorm(x) * nw into the product
 override SWIGLU: bool = false; // W is gate/up interleaved; y = silu(gate) * up
 
@@ -30,6 +30,15 @@ struct Params {
 // Columns of the product: N, or 2F with SWIGLU (gate, up of output c / 2 at c even, odd).
 fn cols() -> u32 {
   return select(p.n, 2u * p.n, SWIGLU);
+}
+
+// The depth and the rows of W, for quant_common.wgsl's scale planes.
+fn q_k() -> u32 {
+  return p.k;
+}
+
+fn q_rows() -> u32 {
+  return cols();
 }
 
 // Row of W behind column c of the product.

@@ -1,11 +1,12 @@
 /**
  * The `naive` matmul (kernels/matmul_naive.wgsl): the plain statement of the contract, one
- * invocation per output and a serial loop over K. It serves few-row products whose K the
- * vectorised kernels cannot take (not a multiple of their 16-byte units), and checks them.
+ * invocation per output and a serial loop over K, any weight format (quantized codes decoded one
+ * at a time). It serves few-row products whose K the vectorised kernels cannot take (not a
+ * multiple of their 16-byte units), and checks them.
  */
 import type { Gpu } from "../gpu/device.ts";
-import { bindGroup, type Dispatch, grid } from "../gpu/dispatch.ts";
-import { type MatmulLaunch, matmulPipeline, matmulUniform } from "./matmul_common.ts";
+import { type Dispatch, grid } from "../gpu/dispatch.ts";
+import { at, dummy, type MatmulLaunch, matmulPipeline, matmulUniform } from "./matmul_common.ts";
 
 /** Outputs per workgroup (the WGSL's `WG`): they share one row of x and reduce its Σx² once. */
 const NAIVE_GROUP = 64;
@@ -19,7 +20,11 @@ export function naiveDispatch(gpu: Gpu, launch: MatmulLaunch): Dispatch {
   return {
     label,
     pipeline: pipe,
-    bindGroup: bindGroup(gpu, pipe, [u, x, w.buffer, bias, nw, y]),
+    bindGroup: gpu.device.createBindGroup({
+      layout: pipe.getBindGroupLayout(0),
+      entries: [u, x, w.buffer, bias, nw, y].map((b, i) => at(i, b))
+        .concat([at(7, w.scales ?? dummy(gpu))]),
+    }),
     workgroups: groups,
   };
 }

@@ -1,10 +1,12 @@
-// matmul_common.wgsl (prepended): WDTYPE, NORM, SWIGLU, Params, p, bias, y, w_row, store_out.
+// matmul_common.wgsl and quant_common.wgsl (prepended): WDTYPE, NORM, SWIGLU, Params, p, bias,
+// y, w_row, store_out; q_weight.
 // Naive matmul, the plain statement of the contract and the path for shapes the fast kernels
 // do not take (decode rows with K not a multiple of the vector width):
 //   y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n])
 // One invocation per output element, a serial loop over K. W is [N, K] row-major in any weight
-// dtype, bound as u32 words; 16-bit rows need not start on a word (odd K), so elements are
-// addressed by their flat index.
+// format, bound as u32 words; 16-bit rows need not start on a word (odd K), so elements are
+// addressed by their flat index; quantized codes are decoded one at a time with their group's
+// scale (kernels/quant.ts).
 //
 // Optional fusions (override constants):
 // - NORM: y = (x / rms(x) * nw) . W^T. A workgroup's invocations share one row of x, so the
@@ -21,6 +23,9 @@ override WG: u32 = 64u; // a power of two (the tree reduction halves it)
 var<workgroup> red: array<f32, WG>;
 
 fn weight_at(i: u32) -> f32 {
+  if (is_quant()) {
+    return q_weight(i / p.k, i % p.k, w[i / (32u / q_bits())]);
+  }
   if (WDTYPE == 0u) {
     return bitcast<f32>(w[i]);
   }

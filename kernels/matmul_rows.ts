@@ -7,7 +7,7 @@
  * runs that chose them: docs/kernels.md, "rows".
  */
 import { type Gpu, isCpuAdapter } from "../gpu/device.ts";
-import { BYTES } from "../gpu/dtype.ts";
+import { elementBytes } from "./weight.ts";
 import { type Dispatch, grid } from "../gpu/dispatch.ts";
 import {
   at,
@@ -145,7 +145,10 @@ export function rowsDispatch(
   const entries = [
     at(0, u),
     { binding: 1, resource: { buffer: x, size: ceil16(m * k * 4) } },
-    { binding: 2, resource: { buffer: w.buffer, size: ceil16(w.rows * k * BYTES[w.dtype]) } },
+    {
+      binding: 2,
+      resource: { buffer: w.buffer, size: ceil16(w.rows * k * elementBytes(w.dtype)) },
+    },
     // nw is bound either way (the layout counts it when NORM is off).
     {
       binding: 4,

@@ -6,11 +6,14 @@
  * ({@linkcode smallTuning}); the sweeps that checked it: docs/kernels.md, "small".
  */
 import type { Gpu } from "../gpu/device.ts";
-import { BYTES, type DType } from "../gpu/dtype.ts";
-import { bindGroup, type Dispatch, grid } from "../gpu/dispatch.ts";
-import type { WeightBuffer } from "./weight.ts";
+import { isFloatFormat, type WeightFormat } from "../gpu/dtype.ts";
+import { type Dispatch, grid } from "../gpu/dispatch.ts";
+import { elementBytes, type WeightBuffer } from "./weight.ts";
+import { codeBits } from "./quant.ts";
 import {
+  at,
   checkWorkgroup,
+  dummy,
   fail,
   isPow2,
   type MatmulLaunch,
@@ -41,7 +44,8 @@ export interface SmallTuning {
 }
 
 /** Weights per 16-byte load of W ("unit") in the `small` kernel: it needs K a multiple of it. */
-export function unitWidth(dtype: DType): number {
+export function unitWidth(dtype: WeightFormat): number {
+  if (!isFloatFormat(dtype)) return 128 / codeBits(dtype);
   return dtype === "f32" ? 4 : 8;
 }
 
@@ -102,7 +106,7 @@ export function smallTuning(w: WeightBuffer, opts: SmallTuningOptions): SmallTun
   let best = { tm: 1, tn: 1, cost: Infinity };
   for (let tm = 1; tm <= pow2ceil(rowTiles) && tk * tm <= SMALL_GROUP; tm *= 2) {
     const tn = Math.max(1, Math.min(SMALL_GROUP / (tk * tm), colGroups));
-    const cost = 4 / (4 * tn) + BYTES[w.dtype] / (rm * tm);
+    const cost = 4 / (4 * tn) + elementBytes(w.dtype) / (rm * tm);
     if (cost < best.cost * (1 - 1e-9)) best = { tm, tn, cost };
   }
   // Wider than deep (QKV, gate/up, LM head): 4 rows of x per thread, the rest as sized for 8.
@@ -154,13 +158,19 @@ export function smallDispatch(
   });
   const u = matmulUniform(gpu, launch, { groupsX: groups[0] });
   // Exact sizes: the runtime arrays are vec4, and the buffers may be larger than the tensor.
-  const xb = { buffer: x, size: m * k * 4 };
-  const wb = { buffer: w.buffer, size: w.rows * k * BYTES[w.dtype] };
-  const nwb = normWeight ? { buffer: normWeight, size: k * 4 } : nw;
+  const entries: GPUBindGroupEntry[] = [
+    at(0, u),
+    { binding: 1, resource: { buffer: x, size: m * k * 4 } },
+    { binding: 2, resource: { buffer: w.buffer, size: w.rows * k * elementBytes(w.dtype) } },
+    at(3, bias),
+    normWeight ? { binding: 4, resource: { buffer: normWeight, size: k * 4 } } : at(4, nw),
+    at(5, y),
+    at(7, w.scales ?? dummy(gpu)), // statically used by every pipeline (quant_common.wgsl)
+  ];
   return {
     label,
     pipeline: pipe,
-    bindGroup: bindGroup(gpu, pipe, [u, xb, wb, bias, nwb, y]),
+    bindGroup: gpu.device.createBindGroup({ layout: pipe.getBindGroupLayout(0), entries }),
     workgroups: groups,
   };
 }

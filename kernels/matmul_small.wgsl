@@ -1,5 +1,6 @@
-// matmul_common.wgsl (prepended): WDTYPE, NORM, SWIGLU, Params, p, bias, y, cols, w_row,
-// unpack2, store_out, store4.
+// matmul_common.wgsl and quant_common.wgsl (prepended): WDTYPE, NORM, SWIGLU, Params, p, bias,
+// y, cols, w_row, unpack2, store_out, store4; is_quant, q_bits, q_group, group_scale, decode8,
+// decode4.
 // Register-blocked matmul for decode batches and short prompts (M = 1..64 rows of x):
 //   y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n])
 // W is read in 16-byte units (8 halves or 4 f32, vec4<u32> loads); each unit is widened once
@@ -31,8 +32,16 @@
 //   2F columns, gate and up of output c / 2 at c even and odd, so a thread's 4 columns are two
 //   whole outputs and y[m, n] = silu(gate) * up needs no exchange.
 //
-// Requires K % 8 == 0 (16-bit W) or K % 4 == 0 (f32 W), RM in {1, 2, 4, 8}, TK a power of
-// two >= RM, TN and TM powers of two; the wrapper checks and falls back otherwise.
+// Quantized W (WDTYPE >= 3): a unit is still 16 bytes, 16 8-bit or 32 4-bit codes, loaded raw
+// and decoded a word at a time inside mac_rows_q (a whole decoded unit of 4-bit codes would be
+// 128 floats), each decoded word applied to the RM rows of x. A unit lies in one scale group
+// (groups are 16 or 32 codes): its partial sums are scaled by the 4 columns' group scales
+// (and, for q4_k, less the group minimum times the sum of x over the unit); formats with one
+// scale per row (int8, e4m3) scale the finished sums instead.
+//
+// Requires K % 8 == 0 (16-bit W), K % 4 == 0 (f32 W), K % 16 (8-bit codes) or K % 32 (4-bit),
+// RM in {1, 2, 4, 8}, TK a power of two >= RM, TN and TM powers of two; the wrapper checks and
+// falls back otherwise.
 
 override K: u32 = 64u; // columns of W and x
 override RM: u32 = 1u; // rows of x per thread: 1, 2, 4 or 8
@@ -50,14 +59,22 @@ var<workgroup> red: array<vec4<f32>, TK * TN * TM>; // one entry per thread
 var<workgroup> inv_rms: array<f32, RM * TM>; // 1 / rms of the tile's rows of x (NORM)
 
 // A unit of the thread's 4 columns, widened and transposed: lo[k] holds element k of each
-// column (k = 0..3), hi[k] element 4 + k (16-bit W only).
+// column (k = 0..3), hi[k] element 4 + k (16-bit W only); quantized W: the raw words of each
+// column (q0: column 0's 4 words, ...).
 struct Unit {
   lo: mat4x4<f32>,
   hi: mat4x4<f32>,
+  q0: vec4<u32>,
+  q1: vec4<u32>,
+  q2: vec4<u32>,
+  q3: vec4<u32>,
 }
 
-// vec4s of x per unit: 2 for 16-bit W (8 elements), 1 for f32.
+// vec4s of x per unit: 1 for f32 W, 2 for 16-bit (8 elements), 4 for 8-bit codes, 8 for 4-bit.
 fn xq() -> u32 {
+  if (is_quant()) {
+    return select(4u, 8u, q_bits() == 4u);
+  }
   return select(1u, 2u, WDTYPE != 0u);
 }
 
@@ -101,6 +118,13 @@ fn load_unit(rows: vec4<u32>, u: u32) -> Unit {
   let q2 = w[rows.z + u];
   let q3 = w[rows.w + u];
   var t: Unit;
+  if (is_quant()) {
+    t.q0 = q0;
+    t.q1 = q1;
+    t.q2 = q2;
+    t.q3 = q3;
+    return t;
+  }
   t.lo = transpose(mat4x4<f32>(lo4(q0), lo4(q1), lo4(q2), lo4(q3)));
   if (WDTYPE != 0u) {
     t.hi = transpose(mat4x4<f32>(hi4(q0), hi4(q1), hi4(q2), hi4(q3)));
@@ -135,6 +159,80 @@ fn mac_rows(acc: ptr<function, array<vec4<f32>, 8>>, t: Unit, u: u32, m0: u32) {
   for (var r = 1u; r < 8u; r++) {
     if (RM > r) {
       (*acc)[r] = mac((*acc)[r], t, x_base(m0 + r) + i);
+    }
+  }
+}
+
+// mac_rows for quantized W: unit u of the 4 columns whose rows of W are `wrow` (their scales),
+// applied to rows m0 .. m0 + RM - 1 of x, a word at a time (see the header).
+fn mac_rows_q(acc: ptr<function, array<vec4<f32>, 8>>, t: Unit, u: u32, m0: u32, wrow: vec4<u32>) {
+  let i = xq() * u;
+  var part: array<vec4<f32>, 8>; // this unit's sums per row of x
+  var sx: array<f32, 8>; // q4_k: the sum of (normed) x over the unit per row
+  // @unroll
+  for (var j = 0u; j < 4u; j++) {
+    let wd = vec4<u32>(t.q0[j], t.q1[j], t.q2[j], t.q3[j]); // word j of each column
+    var lo: mat4x4<f32>;
+    var hi: mat4x4<f32>;
+    var v = i + j; // the vec4 of x of lo (8-bit: 4 k per word)
+    if (q_bits() == 8u) {
+      lo = transpose(mat4x4<f32>(decode8(wd.x), decode8(wd.y), decode8(wd.z), decode8(wd.w)));
+    } else {
+      v = i + 2u * j;
+      let a = decode4(wd.x);
+      let b = decode4(wd.y);
+      let c = decode4(wd.z);
+      let d = decode4(wd.w);
+      lo = transpose(mat4x4<f32>(a.lo, b.lo, c.lo, d.lo));
+      hi = transpose(mat4x4<f32>(a.hi, b.hi, c.hi, d.hi));
+    }
+    var n0 = vec4<f32>(1.0);
+    var n1 = vec4<f32>(1.0);
+    if (NORM) {
+      n0 = nw[v];
+      lo = scale(lo, n0);
+      if (q_bits() == 4u) {
+        n1 = nw[v + 1u];
+        hi = scale(hi, n1);
+      }
+    }
+    // @unroll
+    for (var r = 0u; r < 8u; r++) {
+      if (RM > r) {
+        let xb = x_base(m0 + r) + v;
+        let a = x[xb];
+        var s = part[r] + lo[0] * a.x + lo[1] * a.y + lo[2] * a.z + lo[3] * a.w;
+        if (q_bits() == 4u) {
+          let b = x[xb + 1u];
+          s = s + hi[0] * b.x + hi[1] * b.y + hi[2] * b.z + hi[3] * b.w;
+          if (WDTYPE == 7u) {
+            sx[r] += dot(a, n0) + dot(b, n1);
+          }
+        }
+        part[r] = s;
+      }
+    }
+  }
+  if (q_group() == 0u) {
+    // @unroll
+    for (var r = 0u; r < 8u; r++) {
+      if (RM > r) {
+        (*acc)[r] += part[r];
+      }
+    }
+    return;
+  }
+  let g = (u * 4u * xq()) / q_group();
+  let s0 = group_scale(wrow.x, g);
+  let s1 = group_scale(wrow.y, g);
+  let s2 = group_scale(wrow.z, g);
+  let s3 = group_scale(wrow.w, g);
+  let sc = vec4<f32>(s0.x, s1.x, s2.x, s3.x);
+  let mn = vec4<f32>(s0.y, s1.y, s2.y, s3.y);
+  // @unroll
+  for (var r = 0u; r < 8u; r++) {
+    if (RM > r) {
+      (*acc)[r] += sc * part[r] - mn * sx[r];
     }
   }
 }
@@ -221,6 +319,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let c0 = ((g / mtiles) * TN + ng) * 4u; // this thread's first product column
 
   let rows = vec4<u32>(row_base(c0), row_base(c0 + 1u), row_base(c0 + 2u), row_base(c0 + 3u));
+  let wrow = rows / units(); // rows of W behind the 4 columns (their scales)
   var acc: array<vec4<f32>, 8>;
   for (var u = kj; u < units(); u += UNROLL * TK) {
     // All UNROLL units are loaded before any is applied: UNROLL x 4 loads in flight, and one
@@ -233,11 +332,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         ld[q] = load_unit(rows, min(u + q * TK, units() - 1u));
       }
     }
-    mac_rows(&acc, ld[0], u, m0);
+    if (is_quant()) {
+      mac_rows_q(&acc, ld[0], u, m0, wrow);
+    } else {
+      mac_rows(&acc, ld[0], u, m0);
+    }
     // @unroll
     for (var q = 1u; q < 4u; q++) {
       if (UNROLL > q && u + q * TK < units()) {
-        mac_rows(&acc, ld[q], u + q * TK, m0);
+        if (is_quant()) {
+          mac_rows_q(&acc, ld[q], u + q * TK, m0, wrow);
+        } else {
+          mac_rows(&acc, ld[q], u + q * TK, m0);
+        }
       }
     }
   }
@@ -262,6 +369,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var s = total;
     if (NORM) {
       s *= inv_rms[mg * RM + kj];
+    }
+    if (is_quant() && q_group() == 0u) {
+      s *= vec4<f32>(group_scale(wrow.x, 0u).x, group_scale(wrow.y, 0u).x,
+        group_scale(wrow.z, 0u).x, group_scale(wrow.w, 0u).x);
     }
     store4(m, c0, s);
   }

@@ -9,11 +9,15 @@
  * sweeps behind its tables: docs/kernels.md, "tiled".
  */
 import { type Gpu, isCpuAdapter } from "../gpu/device.ts";
-import { BYTES, type DType } from "../gpu/dtype.ts";
-import { bindGroup, type Dispatch, grid } from "../gpu/dispatch.ts";
+import { isFloatFormat, type WeightFormat } from "../gpu/dtype.ts";
+import { type Dispatch, grid } from "../gpu/dispatch.ts";
+import { elementBytes } from "./weight.ts";
+import { codeBits } from "./quant.ts";
 import {
+  at,
   ceil16,
   checkWorkgroup,
+  dummy,
   fail,
   type MatmulLaunch,
   matmulPipeline,
@@ -185,7 +189,12 @@ function tiledBytes(t: TiledTuning): number {
   return t.bufs * t.bk * (t.bm + 4 + t.bn + 4) * 4;
 }
 
-function checkTiled(gpu: Gpu, label: string, t: TiledTuning, dtype: DType): void {
+/** Elements of W per staged slot: 16 bytes of floats, or one word of codes. */
+function slotWidth(f: WeightFormat): number {
+  return isFloatFormat(f) ? 16 / elementBytes(f) : 32 / codeBits(f);
+}
+
+function checkTiled(gpu: Gpu, label: string, t: TiledTuning, dtype: WeightFormat): void {
   const sizes = [16, 32, 64, 128];
   if (!sizes.includes(t.bm) || !sizes.includes(t.bn)) {
     fail(label, `tiled bm and bn must be 16, 32, 64 or 128; got ${t.bm} and ${t.bn}`);
@@ -201,7 +210,7 @@ function checkTiled(gpu: Gpu, label: string, t: TiledTuning, dtype: DType): void
   const threads = (t.bm / t.tm) * (t.bn / t.tn);
   // 16-byte loads per thread and step: the kernel keeps at most 4 of x and 4 of W in flight.
   const xLoads = Math.ceil((t.bm * t.bk) / 4 / threads);
-  const wLoads = Math.ceil((t.bn * t.bk) / (16 / BYTES[dtype]) / threads);
+  const wLoads = Math.ceil((t.bn * t.bk) / slotWidth(dtype) / threads);
   if (xLoads > 4 || wLoads > 4) {
     fail(
       label,
@@ -228,6 +237,7 @@ export function tiledDispatch(
   const tiles = Math.ceil(m / t.bm) * Math.ceil(cols / t.bn);
   const groups = grid(tiles * splits);
   const pipe = matmulPipeline(gpu, "matmul.wgsl", launch, {
+    extra: "matmul_tiled_quant.wgsl",
     constants: {
       BM: t.bm,
       BN: t.bn,
@@ -242,14 +252,19 @@ export function tiledDispatch(
   const u = matmulUniform(gpu, launch, { groupsX: groups[0], kspan, splits });
   // x, W and nw are bound as arrays of 16-byte vectors: whole vectors, rounded up.
   const xb = { buffer: x, size: ceil16(m * k * 4) };
-  const wb = { buffer: w.buffer, size: ceil16(w.rows * k * BYTES[w.dtype]) };
-  const nwb = normWeight ? { buffer: normWeight, size: ceil16(k * 4) } : nw;
+  const wb = { buffer: w.buffer, size: ceil16(w.rows * k * elementBytes(w.dtype)) };
+  const nwb = normWeight ? { buffer: normWeight, size: ceil16(k * 4) } : { buffer: nw };
   const shape = `${t.bm}x${t.bn}/${t.tm}x${t.tn}` + (splits > 1 ? ` split ${splits}` : "");
   const part = scratch(gpu, splits > 1 ? splits * m * (cols + 1) * 4 : 16); // bound either way
   const dispatch: Dispatch = {
     label: `${label} ${shape}`,
     pipeline: pipe,
-    bindGroup: bindGroup(gpu, pipe, [u, xb, wb, bias, nwb, y, part]),
+    bindGroup: gpu.device.createBindGroup({
+      layout: pipe.getBindGroupLayout(0),
+      entries: [{ buffer: u }, xb, wb, { buffer: bias }, nwb, { buffer: y }, { buffer: part }]
+        .map((resource, binding) => ({ binding, resource }))
+        .concat([at(7, w.scales ?? dummy(gpu))]),
+    }),
     workgroups: groups,
   };
   return splits > 1 ? { dispatch, split: { u, part } } : { dispatch };

@@ -6,8 +6,16 @@
 
 // ---- section: weights (dtype helpers) ----
 
-import { type DType, type KvDtype, roundTrip } from "../gpu/dtype.ts";
 import type { AttentionMask } from "./attention_mask.ts";
+import { type DType, e4m3Value, type KvDtype, type QuantFormat, roundTrip } from "../gpu/dtype.ts";
+import {
+  codeBits,
+  groupSize,
+  int8Code,
+  type PackedQuant,
+  planeAWords,
+  roundEven,
+} from "./quant.ts";
 
 /**
  * Weight values as the GPU sees them: each rounded through `dtype` and widened to float64.
@@ -18,6 +26,88 @@ import type { AttentionMask } from "./attention_mask.ts";
  */
 export function weightRef(values: ArrayLike<number>, dtype: DType): Float64Array {
   return roundTrip(values, dtype);
+}
+
+/**
+ * The float64 values of a quantized matrix `[rows, cols]` in the GPU layout of kernels/quant.ts,
+ * read independently of the WGSL decoders: `s · code − m` per group. Subnormal f16 scales are
+ * decoded exactly (the WGSL does it with integer arithmetic too).
+ *
+ * @example
+ * const w = quantWeightRef(packRowScaled(values, "int8", 8, 64), "int8", 8, 64);
+ */
+export function quantWeightRef(
+  p: PackedQuant,
+  f: QuantFormat,
+  rows: number,
+  cols: number,
+): Float64Array {
+  const out = new Float64Array(rows * cols);
+  const cb = new Uint8Array(p.codes.buffer, p.codes.byteOffset, p.codes.byteLength);
+  const sb = new Uint8Array(p.scales.buffer, p.scales.byteOffset, p.scales.byteLength);
+  const sf = new Float32Array(p.scales.buffer, p.scales.byteOffset, p.scales.length);
+  const h = (at: number) => new Float16Array(Uint16Array.of(sb[at] | (sb[at + 1] << 8)).buffer)[0];
+  const i8 = (b: number) => (b >= 128 ? b - 256 : b);
+  const aw = planeAWords(f, cols), bOff = rows * aw * 4, g = groupSize(f);
+  for (let r = 0; r < rows; r++) {
+    for (let k = 0; k < cols; k++) {
+      const i = r * cols + k;
+      const code = codeBits(f) === 4 ? (cb[i >> 1] >> (4 * (i & 1))) & 15 : cb[i];
+      let s = 1, m = 0, q: number;
+      if (f === "int8" || f === "e4m3") {
+        s = sf[r];
+        q = f === "int8" ? i8(code) : e4m3Value(code);
+      } else if (f === "q8_0" || f === "q4_0") {
+        s = h(r * aw * 4 + 2 * Math.floor(k / g));
+        q = f === "q8_0" ? i8(code) : code - 8;
+      } else if (f === "q4_k") {
+        const sb0 = r * aw * 4 + 4 * Math.floor(k / 256),
+          o = bOff + (r * (cols / g) + k / g | 0) * 2;
+        s = h(sb0) * sb[o];
+        m = h(sb0 + 2) * sb[o + 1];
+        q = code;
+      } else {
+        s = h(r * aw * 4 + 2 * Math.floor(k / 256)) * i8(sb[bOff + r * (cols / g) + (k / g | 0)]);
+        q = i8(code);
+      }
+      out[i] = s * q - m;
+    }
+  }
+  return out;
+}
+
+/** Activations quantized per row as kernels/quant_x.wgsl does (see {@linkcode quantActRef}). */
+export interface QuantActRef {
+  /** `[m, k]` int8 codes. */
+  codes: Int8Array;
+  /** `[m]` scales: x ≈ scale · code. */
+  scales: Float64Array;
+  /** `[m, k]` what the int8 matmul multiplies: scale · code. */
+  values: Float64Array;
+}
+
+/**
+ * Per-row int8 quantization of `x` (`[m, k]`, already normed when the kernel folds the norm):
+ * scale = absmax / 127, code = round(x / scale) half to even. The GPU rounds x / scale in f32,
+ * so a code may differ by one at a near-tie; references of whole matmuls absorb that in their
+ * tolerance.
+ */
+export function quantActRef(x: ArrayLike<number>, m: number, k: number): QuantActRef {
+  const codes = new Int8Array(m * k),
+    scales = new Float64Array(m),
+    values = new Float64Array(m * k);
+  for (let i = 0; i < m; i++) {
+    let amax = 0;
+    for (let j = 0; j < k; j++) amax = Math.max(amax, Math.abs(x[i * k + j]));
+    const s = Math.fround(Math.fround(amax) * Math.fround(1 / 127));
+    scales[i] = s;
+    for (let j = 0; j < k; j++) {
+      const c = s > 0 ? (int8Code(roundEven(x[i * k + j] / s)) << 24) >> 24 : 0;
+      codes[i * k + j] = c;
+      values[i * k + j] = s * c;
+    }
+  }
+  return { codes, scales, values };
 }
 
 // ---- section: linear (embedding, rmsnorm, matmul, elementwise) ----

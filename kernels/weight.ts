@@ -1,17 +1,62 @@
 /**
  * The weight format every matmul (and the embedding) reads: a `[rows, cols]` tensor of any weight
- * dtype on the GPU (layout in docs/internals.md, "Conventions"), and the gate/up interleave that
- * lets one `swiglu` matmul compute `silu(gate) · up`.
+ * dtype on the GPU (layout in docs/internals.md, "Conventions"), or quantized codes with their
+ * scales (kernels/quant.ts), and the gate/up interleave that lets one `swiglu` matmul compute
+ * `silu(gate) · up`.
  */
 import { createStorage, type Gpu, writeBuffer } from "../gpu/device.ts";
-import { BYTES, type DType, encode } from "../gpu/dtype.ts";
+import {
+  BYTES,
+  type DType,
+  encode,
+  isFloatFormat,
+  type QuantFormat,
+  type WeightFormat,
+} from "../gpu/dtype.ts";
+import { codeBits, formatBytes, type PackedQuant } from "./quant.ts";
 
-/** A weight tensor resident on the GPU: W[rows, cols] row-major, packed per docs/internals.md. */
+/**
+ * A weight tensor resident on the GPU: W[rows, cols] row-major, packed per docs/internals.md,
+ * or (a quantized `dtype`) codes in `buffer` and scales in `scales` (kernels/quant.ts).
+ */
 export interface WeightBuffer {
   buffer: GPUBuffer;
-  dtype: DType;
+  dtype: WeightFormat;
   rows: number;
   cols: number;
+  /** The scales of a quantized weight (absent for f32, f16, bf16). */
+  scales?: GPUBuffer;
+  /**
+   * Row blocks of different formats that together make up W (a GGUF layer's Q4_K q and k beside
+   * its Q6_K v): a matmul runs one launch per part, into that part's columns of y, with the
+   * part's own bias. `buffer`, `dtype` and `scales` are then the first part's.
+   */
+  parts?: { w: WeightBuffer; bias?: GPUBuffer }[];
+}
+
+/** A weight held as floats (what the embedding reads). */
+export type FloatWeight = WeightBuffer & { dtype: DType };
+
+/** Bytes per element of a weight format (0.5 for 4-bit codes; scales not counted). */
+export function elementBytes(f: WeightFormat): number {
+  return isFloatFormat(f) ? BYTES[f] : codeBits(f) / 8;
+}
+
+/** Bytes `w` occupies on the GPU, scales included. */
+export function weightBytes(w: Pick<WeightBuffer, "dtype" | "rows" | "cols">): number {
+  return formatBytes(w.dtype, w.rows, w.cols);
+}
+
+/** Uploads a quantized matrix the host packed (kernels/quant.ts) into two new buffers. */
+export function uploadQuantWeight(
+  gpu: Gpu,
+  packed: PackedQuant,
+  opts: { rows: number; cols: number; dtype: QuantFormat; label?: string },
+): WeightBuffer {
+  const label = opts.label ?? `weight ${opts.rows}x${opts.cols}`;
+  const buffer = createStorage(gpu, packed.codes.byteLength, packed.codes, label);
+  const scales = createStorage(gpu, packed.scales.byteLength, packed.scales, `${label} scales`);
+  return { buffer, dtype: opts.dtype, rows: opts.rows, cols: opts.cols, scales };
 }
 
 /** Shape and dtype of {@linkcode uploadWeight}. */
@@ -33,7 +78,7 @@ export function uploadWeight(
   gpu: Gpu,
   values: ArrayLike<number>,
   opts: UploadWeightOptions,
-): WeightBuffer {
+): FloatWeight {
   const { rows, cols, dtype } = opts;
   if (values.length !== rows * cols) {
     throw new Error(`internal error: weight has ${values.length} values; [${rows}, ${cols}]?`);

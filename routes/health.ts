@@ -1,6 +1,6 @@
 /** `GET /health`: liveness for load balancers, with the model, adapter, load and KV use. */
 import { Hono } from "hono";
-import type { SpeculationStats } from "../api/types.ts";
+import type { PrecisionStats, SpeculationStats } from "../api/types.ts";
 import type { ServerContext } from "./context.ts";
 
 /** Speculation's state as JSON: the mode, why it paused, and the share of drafts accepted. */
@@ -12,6 +12,27 @@ export function speculationJson(s: SpeculationStats) {
     drafted: s.drafted,
     accepted: s.accepted,
     acceptance: s.drafted > 0 ? s.accepted / s.drafted : null,
+  };
+}
+
+/**
+ * `precision` for a quantized model: the mode, whether the 16-bit fallback is there (and why
+ * not), the layers running at 16 bits now and the switches so far.
+ */
+function precision(p: PrecisionStats | undefined) {
+  if (!p || p.mode === "none") return {};
+  const why = p.mode === "gguf"
+    ? "the GGUF file holds no 16-bit weights"
+    : "16-bit weights not kept (--quantize-fallback off)";
+  return {
+    precision: {
+      mode: p.mode,
+      fallback: p.fallback,
+      ...(p.fallback ? {} : { fallback_off: `${why}: layers out of range stay quantized` }),
+      layers: p.layers.length,
+      layers_16bit: p.layers.filter((l) => l.fellBack).length,
+      fallbacks: p.fallbacks,
+    },
   };
 }
 
@@ -41,6 +62,7 @@ export function healthRoutes(ctx: ServerContext): Hono {
         fs: { used: kv.fs.used },
       },
       speculation: speculationJson(engine.speculationStats()),
+      ...precision(engine.precisionStats?.()),
       uptime_s: Math.floor(Date.now() / 1000) - ctx.startedAt,
     }, shuttingDown ? 503 : 200);
   });

@@ -17,6 +17,14 @@
  * | `strata_kv_gpu_blocks_capacity`        | gauge     |                        |
  * | `strata_snapshot_blocks_total`         | counter   | source (gpu, store)    |
  * | `strata_websocket_connections`         | gauge     |                        |
+ * | `strata_layer_weight_bits`             | gauge     | layer, format          |
+ * | `strata_layer_out_of_range_total`      | counter   | layer                  |
+ * | `strata_precision_fallbacks_total`     | counter   | direction (to_16bit, back) |
+ * | `strata_precision_batches_total`       | counter   |                        |
+ *
+ * The precision series exist for quantized models only (`--quantize`, GGUF block types): each
+ * layer's bits per weight now (16 after the monitor switched it to its 16-bit weights), how often
+ * its inputs left the safe range, and the switches (docs/quantization.md).
  */
 import { Hono } from "hono";
 import type { EngineLike } from "../api/types.ts";
@@ -152,6 +160,51 @@ export function createMetrics(engine: EngineLike): ServerMetrics {
     new Gauge("strata_websocket_connections", "Open WebSocket connections.", () => [
       { labels: {}, value: sockets.open },
     ]),
+  );
+  const precision = () => engine.precisionStats?.();
+  r.add(
+    new Gauge(
+      "strata_layer_weight_bits",
+      "Bits per weight of each layer's projections now (16: fell back to its 16-bit weights).",
+      () =>
+        precision()?.layers.map((l, i) => ({
+          labels: { layer: String(i), format: l.format },
+          value: l.bits,
+        })) ?? [],
+    ),
+  );
+  r.add(
+    new Counter(
+      "strata_layer_out_of_range_total",
+      "Batches in which a layer's measured inputs left the precision monitor's safe range.",
+      () =>
+        precision()?.layers.map((l, i) => ({
+          labels: { layer: String(i) },
+          value: l.outOfRange,
+        })) ??
+          [],
+    ),
+  );
+  r.add(
+    new Counter(
+      "strata_precision_fallbacks_total",
+      "Layers the precision monitor switched to their 16-bit weights, and back.",
+      () => {
+        const p = precision();
+        return p
+          ? [
+            { labels: { direction: "to_16bit" }, value: p.fallbacks },
+            { labels: { direction: "back" }, value: p.recoveries },
+          ]
+          : [];
+      },
+    ),
+  );
+  r.add(
+    new Counter("strata_precision_batches_total", "Batches the precision monitor measured.", () => {
+      const p = precision();
+      return p ? [{ labels: {}, value: p.observations }] : [];
+    }),
   );
   return m;
 }

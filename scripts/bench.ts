@@ -112,14 +112,12 @@ async function measure(o: Checked, ctx: MeasureContext): Promise<BenchResult> {
     kvDtype: o.kvDtype,
     store,
   };
-  progress.stage(`loading ${o.shape ? `shape ${o.shape} (${o.dtype})` : o.model}`);
+  const q = o.quantize !== "none" ? `, ${o.quantize}` : "";
+  progress.stage(`loading ${o.shape ? `shape ${o.shape} (${o.dtype}${q})` : `${o.model}${q}`}`);
+  const synthetic = { dtype: o.dtype, tokenizerDir: DEFAULT_MODEL, quantize: o.quantize };
   const engine = o.shape
-    ? Engine.create(
-      gpu,
-      await syntheticModel(gpu, o.shape, { dtype: o.dtype, tokenizerDir: DEFAULT_MODEL }),
-      engineOptions,
-    )
-    : await Engine.load(o.model, engineOptions);
+    ? Engine.create(gpu, await syntheticModel(gpu, o.shape, synthetic), engineOptions)
+    : await Engine.load(o.model, { ...engineOptions, quantize: o.quantize });
   progress.end(); // a warning may follow
   const cfg = engine.config;
   if (engine.kvStats().gpu.total < maxBatch * Math.ceil(context / BLOCK)) {
@@ -143,8 +141,8 @@ async function measure(o: Checked, ctx: MeasureContext): Promise<BenchResult> {
     progress.stage("loading the same model into an engine in a worker");
     const { gpu: _, store: __, ...rest } = engineOptions;
     const w = await WorkerEngine.load(
-      o.shape ? { shape: o.shape, dtype: o.dtype, tokenizerDir: DEFAULT_MODEL } : { dir: o.model },
-      { ...rest, kvPath: workerKv, kvWarmBytes: o.kvWarmMb * 2 ** 20 },
+      o.shape ? { shape: o.shape, ...synthetic } : { dir: o.model },
+      { ...rest, kvPath: workerKv, kvWarmBytes: o.kvWarmMb * 2 ** 20, quantize: o.quantize },
     );
     try {
       const run = { o, vocab, progress, label: "worker: " };
@@ -180,12 +178,15 @@ async function measure(o: Checked, ctx: MeasureContext): Promise<BenchResult> {
 
   const meanContext = o.promptLen + o.newTokens / 2;
   const bytes: BytesPerToken = bytesPerToken(cfg, engine.weights, meanContext, o.kvDtype);
+  const precision = engine.precisionStats();
   return {
     model: engine.modelId,
     adapter: engine.adapterName,
     shape: o.shape ?? null,
     cpu_adapter: o.cpu,
     dtype: engine.weights.dtype,
+    quantize: o.quantize,
+    layers_16bit: precision.layers.filter((l) => l.fellBack).length,
     kv_dtype: o.kvDtype,
     batch: o.batch,
     prompt_len: o.promptLen,

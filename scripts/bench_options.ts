@@ -5,7 +5,7 @@
  */
 import { parseArgs } from "node:util";
 import type { Gpu } from "../gpu/device.ts";
-import { type KvDtype, parseKvDtype } from "../gpu/dtype.ts";
+import { type KvDtype, parseKvDtype, parseQuantize, type QuantizeMode } from "../gpu/dtype.ts";
 import type { BenchProgress } from "./bench_progress.ts";
 
 /** The embedded default model (also the tokenizer of the synthetic shapes). */
@@ -35,6 +35,8 @@ export interface BenchOptions {
   dtype?: "f16" | "bf16";
   /** Element type of the KV cache (default f32, the engine's). */
   kvDtype?: KvDtype;
+  /** Quantize the projections at load (default none; `--quantize`). */
+  quantize?: QuantizeMode;
   /** Also time each kernel of one decode step (needs `timestamp-query`). */
   profile?: boolean;
   /** Bytes the bandwidth kernel reads (default 1 GiB; 64 MiB on CPU adapters). */
@@ -101,6 +103,7 @@ export function checkOptions(o: BenchOptions): void {
     throw new Error(`--dtype must be f16 or bf16; got '${o.dtype}'`);
   }
   parseKvDtype(o.kvDtype);
+  parseQuantize(o.quantize);
   for (const b of o.batch ?? []) {
     if (!Number.isInteger(b) || b < 1) throw new Error(`--batch sizes must be ≥ 1; got ${b}`);
   }
@@ -137,6 +140,7 @@ export function withDefaults(o: BenchOptions, cpu: boolean): Checked {
     newTokens: o.newTokens ?? d.newTokens,
     dtype: o.dtype ?? "f16",
     kvDtype: parseKvDtype(o.kvDtype),
+    quantize: parseQuantize(o.quantize),
     profile: o.profile ?? false,
     readBytes: o.readBytes,
     prefillRuns: o.prefillRuns ?? 3,
@@ -165,9 +169,13 @@ and B on a CPU adapter; flags given always win.
   --speculate          measure speculative decoding instead (acceptance on the model, the cost
                        of a verification pass on a shape): see deno task bench --speculate --help
   --model DIR          model folder (default models/strata-default)
-  --shape NAME         a synthetic shape instead of a folder: tinyllama-1.1b or tiny (random
-                       weights made on the GPU, the default model's tokenizer)
+  --shape NAME         a synthetic shape instead of a folder: tinyllama-1.1b, llama-7b or tiny
+                       (random weights made on the GPU, the default model's tokenizer)
   --dtype f16|bf16     weight dtype of a --shape (default f16)
+  --quantize MODE      int8 or e4m3: quantize the layers' projections at load (a --shape's
+                       on the GPU), keeping the 16-bit ones for the precision monitor; none
+                       (default) runs them as loaded. The table says how many layers the
+                       monitor ran at 16 bits
   --kv-dtype f32|f16   element type of the KV cache (default f32)
   --batch LIST         decode batch sizes, comma-separated; 1 is always added
                        (default ${list(GPU_DEFAULTS.batch)}; CPU ${list(CPU_DEFAULTS.batch)})
@@ -194,7 +202,8 @@ Environment:
 
 Examples:
   deno task bench                                   # the default model, adapter defaults
-  deno task bench --shape tinyllama-1.1b --batch 1,8,32 --out bench.json`;
+  deno task bench --shape tinyllama-1.1b --batch 1,8,32 --out bench.json
+  deno task bench --shape llama-7b --quantize int8 --prompt-len 512`;
 
 /** The parsed command line of `deno task bench`. */
 export interface BenchFlags {
@@ -239,6 +248,7 @@ export function parseFlags(args: string[]): BenchFlags {
       "prefill-runs": { type: "string" },
       dtype: { type: "string" },
       "kv-dtype": { type: "string" },
+      quantize: { type: "string" },
       profile: { type: "boolean" },
       "read-mib": { type: "string" },
       "queue-depth": { type: "string" },
@@ -260,6 +270,7 @@ export function parseFlags(args: string[]): BenchFlags {
     prefillRuns: intFlag("prefill-runs", v["prefill-runs"]),
     dtype: v.dtype as BenchOptions["dtype"],
     kvDtype: v["kv-dtype"] as KvDtype | undefined,
+    quantize: v.quantize as QuantizeMode | undefined,
     profile: v.profile,
     readBytes: readMib === undefined ? undefined : readMib * 2 ** 20,
     queueDepth: intFlag("queue-depth", v["queue-depth"]),

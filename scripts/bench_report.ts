@@ -147,14 +147,16 @@ export interface BytesPerToken {
  */
 export function bytesPerToken(
   cfg: ModelConfig,
-  w: Pick<ModelWeights, "dtype">,
+  w: Pick<ModelWeights, "dtype"> & { decodeBytes?: number },
   meanContext: number,
   kvDtype: KvDtype = "f32",
 ): BytesPerToken {
   const b = BYTES[w.dtype];
   const { hiddenSize: H, nHeads, nKvHeads, headDim: D, intermediateSize: F, nLayers: L } = cfg;
   const perLayer = (nHeads + 2 * nKvHeads) * D * H + H * nHeads * D + 2 * F * H + H * F;
-  const weights = (L * perLayer + cfg.vocabSize * H + H) * b + (2 * L + 1) * H * 4;
+  // The engine's count when given (quantized projections read their codes and scales).
+  const weights = w.decodeBytes ??
+    (L * perLayer + cfg.vocabSize * H + H) * b + (2 * L + 1) * H * 4;
   const kv = L * 2 * nKvHeads * D * KV_BYTES[kvDtype] * meanContext;
   return { weights, kv, total: weights + kv, meanContext };
 }
@@ -269,7 +271,11 @@ export function formatTable(r: BenchResult): string {
   const lines = [
     `strata bench: ${r.model} on ${r.adapter}, Deno ${r.deno}, ${r.date}`,
     `prompt ${r.prompt_len} tokens, ${r.new_tokens} new tokens per request, ` +
-    `batch ${r.batch.join(",")}, ${r.dtype} weights, ${r.kv_dtype} KV cache`,
+    `batch ${r.batch.join(",")}, ${r.dtype} weights` +
+    (r.quantize !== "none"
+      ? ` (projections ${r.quantize}, ${r.layers_16bit} layers at 16 bits by the monitor)`
+      : "") +
+    `, ${r.kv_dtype} KV cache`,
     ...(r.cpu_adapter
       ? ["(a CPU adapter: flags not given took its smaller defaults; see deno task bench --help)"]
       : []),

@@ -49,6 +49,10 @@ export interface BenchResult {
   /** Whether the adapter is a CPU (llvmpipe, lavapipe), whose smaller defaults applied. */
   cpu_adapter: boolean;
   dtype: string;
+  /** `--quantize`: what the projections ran as (none: as loaded). */
+  quantize: string;
+  /** Layers the precision monitor ran at their 16-bit weights when the run ended. */
+  layers_16bit: number;
   kv_dtype: KvDtype;
   batch: number[];
   prompt_len: number;

@@ -6,12 +6,12 @@
  * of stdout is `{"tokens": N, "ppl": x}` with `--json`.
  *
  *   deno task perplexity [--model DIR] [--file TEXT] [--context N] [--max-tokens N]
- *                        [--kv-dtype f32|f16] [--json]
+ *                        [--kv-dtype f32|f16] [--quantize int8|e4m3|none] [--json]
  */
 import { parseArgs } from "node:util";
 import { Engine } from "../engine/engine.ts";
 import { status } from "../engine/model/progress.ts";
-import { parseKvDtype } from "../gpu/dtype.ts";
+import { parseKvDtype, parseQuantize } from "../gpu/dtype.ts";
 
 const DEFAULT_MODEL = new URL("../models/strata-default", import.meta.url).pathname;
 const DEFAULT_FILE = new URL("../models/strata-default/val_sample.txt", import.meta.url).pathname;
@@ -25,6 +25,9 @@ const HELP = `deno task perplexity: perplexity of a model on a text
                      context length, at most 1024)
   --max-tokens N     score at most the first N tokens of the text (default: all)
   --kv-dtype f32|f16 element type of the KV cache (default f32; env STRATA_KV_DTYPE)
+  --quantize MODE    int8 or e4m3: quantize the layers' projections at load (one scale per row;
+                     prefill runs int8 x int8); none (default) keeps them as loaded. The
+                     precision monitor may run a layer at 16 bits: the result line says so
   --json             print {"tokens": N, "ppl": x} as the last line of stdout
   --help             this text
 
@@ -58,6 +61,14 @@ export async function perplexity(
   return { tokens, nll: nll / tokens, ppl: Math.exp(nll / tokens) };
 }
 
+/** ", int8 weights, 2 of 8 layers at 16 bits" (nothing for an unquantized model). */
+function precisionNote(engine: Engine): string {
+  const p = engine.precisionStats();
+  if (p.mode === "none") return "";
+  const back = p.layers.filter((l) => l.fellBack).length;
+  return `, ${p.mode} weights, ${back} of ${p.layers.length} layers at 16 bits`;
+}
+
 if (import.meta.main) {
   try {
     const { values: v } = parseArgs({
@@ -68,6 +79,7 @@ if (import.meta.main) {
         context: { type: "string" },
         "max-tokens": { type: "string" },
         "kv-dtype": { type: "string" },
+        quantize: { type: "string" },
         json: { type: "boolean" },
         help: { type: "boolean" },
       },
@@ -87,6 +99,7 @@ if (import.meta.main) {
       maxSlots: 1,
       contextLength: context,
       kvDtype: parseKvDtype(v["kv-dtype"] ?? (Deno.env.get("STRATA_KV_DTYPE") || undefined)),
+      quantize: parseQuantize(v.quantize),
     });
     const window = context ?? Math.min(engine.contextLength, 1024);
     const ids = engine.tokenizer.encode(text).slice(0, maxTokens);
@@ -104,9 +117,12 @@ if (import.meta.main) {
       `perplexity ${r.ppl.toFixed(4)} (${r.tokens} tokens predicted, mean NLL ${
         r.nll.toFixed(4)
       } nats, ${bpb.toFixed(4)} bits/byte, ${((performance.now() - t0) / 1000).toFixed(1)} s, ` +
-        `${engine.adapterName})`,
+        `${engine.adapterName}${precisionNote(engine)})`,
     );
-    if (v.json) console.log(JSON.stringify({ tokens: r.tokens, ppl: r.ppl }));
+    if (v.json) {
+      const quantize = engine.weights.quant.mode;
+      console.log(JSON.stringify({ tokens: r.tokens, ppl: r.ppl, quantize }));
+    }
   } catch (e) {
     console.error(`perplexity: ${e instanceof Error ? e.message : e}`);
     Deno.exit(1);

@@ -8,7 +8,7 @@
  *
  *   deno run -A scripts/sweep_kernels.ts [--shape tinyllama-1.1b] [--m 1,8,32]
  *     [--variants '[{}, {"path": "tiled"}]'] [--contexts 640,2048] [--batches 1,8,32]
- *     [--attn-variants '[{}]'] [--out FILE]
+ *     [--attn-variants '[{}]'] [--quantize none,int8,e4m3] [--out FILE]
  *
  * A variant is a partial `MatmulOptions` (kernels/matmul.ts) or a partial attention-decode
  * options object (kernels/attention_decode.ts), merged over what the engine would pass. The
@@ -21,11 +21,15 @@ import { parseArgs } from "node:util";
 import { createStorage, getGpu, type Gpu } from "../gpu/device.ts";
 import { timePasses } from "../gpu/timing.ts";
 import { shapeConfig, syntheticWeights } from "../engine/model/synthetic.ts";
-import { type Dispatch, encode } from "../gpu/dispatch.ts";
+import { type Dispatch, encode, run } from "../gpu/dispatch.ts";
 import { matmulDispatches, type MatmulOptions } from "../kernels/matmul.ts";
 import type { WeightBuffer } from "../kernels/weight.ts";
 import { attentionDecodeDispatches } from "../kernels/attention_decode.ts";
 import { fillRandomDispatch } from "../kernels/fill_random.ts";
+import { quantizeWeightDispatch } from "../kernels/quant_weights.ts";
+import { weightBytes } from "../kernels/weight.ts";
+import { parseQuantize, type QuantizeMode } from "../gpu/dtype.ts";
+import type { LayerWeights } from "../engine/model/weights.ts";
 
 /** One timed configuration. */
 export interface SweepRow {
@@ -71,9 +75,30 @@ export function random(gpu: Gpu, floats: number, seed: number): GPUBuffer {
   return b;
 }
 
+const USAGE = `usage: deno run -A scripts/sweep_kernels.ts [flags]
+
+GPU µs per call of every projection of a synthetic model (QKV + norm, o +=, gate/up + norm +
+SwiGLU, down +=, LM head + norm) at each M and launch variant, and of decode attention at each
+batch and context; one line per timing on stdout (µs, GB/s of weights read, the dispatches).
+
+  --shape NAME          tinyllama-1.1b (default), llama-7b or tiny
+  --m LIST              rows of x (default 1,8,32; "" times attention only)
+  --variants JSON       partial MatmulOptions merged over the engine's, e.g.
+                        '[{}, {"path": "tiled"}, {"q8": {"bm": 64, "bn": 128}}]'
+  --quantize LIST       weight formats of the projections: none (f16), int8, e4m3, comma-
+                        separated (default none); the LM head stays f16
+  --batches LIST        decode attention batch sizes (default 1,8,32)
+  --contexts LIST       decode attention contexts (default 640,2048)
+  --attn-variants JSON  partial attention-decode options (default '[{}]')
+  --iterations N        timed passes per point, median taken (default 5)
+  --out FILE            also write the rows as JSON
+  -h, --help            this text`;
+
 async function main(): Promise<void> {
   const { values: v } = parseArgs({
     options: {
+      help: { type: "boolean", short: "h" },
+      quantize: { type: "string", default: "none" },
       shape: { type: "string", default: "tinyllama-1.1b" },
       m: { type: "string", default: "1,8,32" },
       variants: { type: "string", default: "[{}]" },
@@ -84,7 +109,9 @@ async function main(): Promise<void> {
       out: { type: "string" },
     },
   });
+  if (v.help) return console.log(USAGE);
   const list = (s: string) => s.split(",").filter(Boolean).map(Number);
+  const modes = v.quantize!.split(",").map((q) => parseQuantize(q.trim()));
   const iterations = Number(v.iterations);
   const gpu = await getGpu();
   const cfg = shapeConfig(v.shape!);
@@ -97,44 +124,51 @@ async function main(): Promise<void> {
   const maxM = Math.max(1, ...ms); // --m "" times attention only
   const x = random(gpu, maxM * Math.max(H, F), 1);
   const y = createStorage(gpu, maxM * Math.max(2 * F, cfg.vocabSize, 3 * H) * 4, undefined, "y");
+  // The projections in each format asked for (quantized on the GPU from the f16 ones).
+  const sets = new Map<QuantizeMode, LayerWeights[]>();
+  for (const mode of modes) sets.set(mode, await quantizedLayers(gpu, w.layers, mode));
+  let proj = w.layers; // the projections of the format being swept
   const projections: [string, (l: number) => WeightBuffer, Partial<MatmulOptions>, boolean][] = [
-    ["qkv +norm", (l) => w.layers[l].qkv, {}, true],
-    ["o +=", (l) => w.layers[l].o, { accumulate: true }, false],
-    ["gate/up +norm swiglu", (l) => w.layers[l].gateUp, { swiglu: true }, true],
-    ["down +=", (l) => w.layers[l].down, { accumulate: true }, false],
+    ["qkv +norm", (l) => proj[l].qkv, {}, true],
+    ["o +=", (l) => proj[l].o, { accumulate: true }, false],
+    ["gate/up +norm swiglu", (l) => proj[l].gateUp, { swiglu: true }, true],
+    ["down +=", (l) => proj[l].down, { accumulate: true }, false],
   ];
-  for (const variantText of JSON.parse(v.variants!) as Partial<MatmulOptions>[]) {
-    const variant = JSON.stringify(variantText);
-    for (const m of ms) {
-      for (const [kernel, weight, extra, norm] of projections) {
+  for (const [mode, set] of sets) {
+    for (const variantText of JSON.parse(v.variants!) as Partial<MatmulOptions>[]) {
+      proj = set;
+      const variant = (mode === "none" ? "" : `${mode} `) + JSON.stringify(variantText);
+      for (const m of ms) {
+        for (const [kernel, weight, extra, norm] of projections) {
+          rows.push(
+            await row(kernel, m, variant, () =>
+              w.layers.map((layer, l) =>
+                matmulDispatches(gpu, {
+                  x,
+                  w: weight(l),
+                  y,
+                  ...(norm ? { normWeight: layer.attnNorm } : {}),
+                }, { m, eps, ...extra, ...variantText })
+              ), weight(0)),
+          );
+        }
         rows.push(
-          await row(kernel, m, variant, () =>
-            w.layers.map((layer, l) =>
-              matmulDispatches(gpu, {
-                x,
-                w: weight(l),
-                y,
-                ...(norm ? { normWeight: layer.attnNorm } : {}),
-              }, { m, eps, ...extra, ...variantText })
-            ), weight(0)),
+          await row(
+            "lm head +norm",
+            m,
+            variant,
+            () =>
+              w.lmHead.map((chunk) =>
+                matmulDispatches(gpu, { x, w: chunk, y, normWeight: w.norm }, {
+                  m,
+                  eps,
+                  ...variantText,
+                })
+              ),
+            w.lmHead[0],
+          ),
         );
       }
-      rows.push(
-        await row(
-          "lm head +norm",
-          m,
-          variant,
-          () =>
-            w.lmHead.map((chunk) =>
-              matmulDispatches(gpu, { x, w: chunk, y, normWeight: w.norm }, {
-                m,
-                eps,
-                ...variantText,
-              })
-            ),
-          w.lmHead[0],
-        ),
-      );
     }
   }
 
@@ -149,7 +183,7 @@ async function main(): Promise<void> {
       const each = build(); // a variant may be invalid for this shape: reported, not fatal
       const calls = each.flat();
       const us = await timeCalls(gpu, calls, iterations, each.length);
-      const bytes = wb.rows * wb.cols * (wb.dtype === "f32" ? 4 : 2);
+      const bytes = weightBytes(wb);
       const r = { kernel, m, variant, usPerCall: us, gbPerS: bytes / us / 1e3 };
       console.log(
         `${kernel.padEnd(22)} M=${String(m).padEnd(3)} ${variant.padEnd(40)} ` +
@@ -232,6 +266,26 @@ async function main(): Promise<void> {
     }
   }
   if (v.out) await Deno.writeTextFile(v.out, JSON.stringify({ adapter: gpu.adapterName, rows }));
+}
+
+/** `layers` with their projections quantized to `mode` on the GPU (as loaded for none). */
+async function quantizedLayers(
+  gpu: Gpu,
+  layers: LayerWeights[],
+  mode: QuantizeMode,
+): Promise<LayerWeights[]> {
+  if (mode === "none") return layers;
+  const out: LayerWeights[] = [];
+  for (const l of layers) {
+    const q = { ...l };
+    for (const p of ["qkv", "o", "gateUp", "down"] as const) {
+      const { weight, dispatch } = quantizeWeightDispatch(gpu, l[p], mode);
+      await run(gpu, [dispatch]);
+      q[p] = weight;
+    }
+    out.push(q);
+  }
+  return out;
 }
 
 if (import.meta.main) await main();

@@ -14,6 +14,7 @@ export const GL_FILES = [
   "tests/kernels_fused_test.ts",
   "tests/kernels_attention_test.ts",
   "tests/kernels_mask_test.ts",
+  "tests/kernels_quant_test.ts",
   "tests/sampling_test.ts",
   "tests/kernels_constraint_test.ts",
 ];

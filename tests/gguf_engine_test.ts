@@ -1,15 +1,12 @@
 /**
  * The engine on GGUF files: an F16 GGUF of a random test model generates exactly what the HF
- * folder does (same tokens, logprobs within 1e-5), through the same tokenizer; a block-quantized
- * file is refused before anything goes to the GPU, until the quantized matmul exists.
+ * folder does (same tokens, logprobs within 1e-5), through the same tokenizer. Block-quantized
+ * files: tests/quant_engine_test.ts.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { sampling } from "../api/types.ts";
 import { Engine } from "../engine/engine.ts";
-import { ropeInvFreq } from "../engine/model/config.ts";
-import { loadModelFolder } from "../engine/model/folder.ts";
-import { uploadWeights } from "../engine/model/weights.ts";
 import { withTestModel } from "../scripts/make_test_model.ts";
 import { writeGguf } from "../scripts/write_gguf.ts";
 import { testGpu } from "./util.ts";
@@ -48,22 +45,5 @@ Deno.test("engine: an F16 GGUF generates what its HF folder generates", async ()
     console.log(`F16 GGUF vs HF folder: max |Δ logprob| ${worst}`);
     assert.ok(worst <= 1e-5, `|Δ logprob| ${worst}`);
     assert.equal(gg.tokenizer.decode(prompt), hf.tokenizer.decode(prompt));
-  });
-});
-
-Deno.test("engine: quantized GGUF weights are refused until the quantized matmul exists", async () => {
-  const gpu = await testGpu();
-  await withTestModel({ seed: 32 }, async (dir) => {
-    const file = join(dir, "model-q8_0.gguf");
-    await writeGguf(dir, file, { type: "q8_0" });
-    const folder = await loadModelFolder(file);
-    await assert.rejects(
-      uploadWeights(gpu, folder, { invFreq: ropeInvFreq(folder.config) }),
-      /Q8_0 weights need the quantized matmul, not built yet: tensor token_embd\.weight \(model\.embed_tokens\.weight\) in .*model-q8_0\.gguf is Q8_0; load an F16, BF16 or F32 GGUF or the Hugging Face model for now/,
-    );
-    await assert.rejects(
-      Engine.load(file),
-      /Q8_0 weights need the quantized matmul, not built yet/,
-    );
   });
 });

@@ -53,6 +53,12 @@ export interface ForwardOptions {
   kvRound?: (x: number) => number;
   /** The attention mask (default: the config's, see `configMask`; e.g. sinks + window). */
   mask?: AttentionMask;
+  /**
+   * What each projection multiplies, given its input at position t: the normed row for q, k, v
+   * and gate/up, the attention output for o, the SwiGLU product for down (default: as is). The
+   * quantization tests pass a per-row int8 rounding here where the GPU's int8 path rounds.
+   */
+  projectionInput?: (x: Float64Array, t: number) => Float64Array;
 }
 
 /** Float64 reference model. */
@@ -129,7 +135,8 @@ export class ReferenceModel {
     });
     for (const layer of w.layers) {
       // attention block: x += o_proj(attn(rope(q), rope(k), v)) of rmsnorm(x)
-      const hn = x.map((r) => rmsnorm(r, layer.inputNorm, cfg.rmsEps));
+      const input = options.projectionInput ?? ((r: Float64Array) => r);
+      const hn = x.map((r, t) => input(rmsnorm(r, layer.inputNorm, cfg.rmsEps), t));
       const q = hn.map((r) => linear(r, layer.q, { bias: layer.qBias })); // [T][Hq*D]
       const k = hn.map((r) => linear(r, layer.k, { bias: layer.kBias })); // [T][Hkv*D]
       const v = hn.map((r) => linear(r, layer.v, { bias: layer.vBias })); // [T][Hkv*D]
@@ -145,14 +152,16 @@ export class ReferenceModel {
         }
       }
       const attn = attention(q, k, v, { nHeads, nKvHeads, headDim: D, mask });
-      for (let t = 0; t < T; t++) addInto(x[t], linear(attn[t], layer.o, { bias: layer.oBias }));
+      for (let t = 0; t < T; t++) {
+        addInto(x[t], linear(input(attn[t], t), layer.o, { bias: layer.oBias }));
+      }
       // MLP block: x += down(silu(gate(h)) * up(h)) of h = rmsnorm(x)
       for (let t = 0; t < T; t++) {
-        const h = rmsnorm(x[t], layer.postNorm, cfg.rmsEps);
+        const h = input(rmsnorm(x[t], layer.postNorm, cfg.rmsEps), t);
         const g = linear(h, layer.gate); // [ffn]
         const u = linear(h, layer.up); // [ffn]
         for (let j = 0; j < F; j++) g[j] = (g[j] / (1 + Math.exp(-g[j]))) * u[j];
-        addInto(x[t], linear(g, layer.down));
+        addInto(x[t], linear(input(g, t), layer.down));
       }
     }
     const rows = options.lastOnly ? x.slice(-1) : x;

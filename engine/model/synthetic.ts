@@ -6,14 +6,15 @@
  */
 import type { Gpu } from "../../gpu/device.ts";
 import { createStorage } from "../../gpu/device.ts";
-import { BYTES, type DType } from "../../gpu/dtype.ts";
+import { BYTES, type DType, type QuantizeMode } from "../../gpu/dtype.ts";
 import { type ModelConfig, ropeInvFreq } from "./config.ts";
-import type { LayerWeights, ModelWeights } from "./weights.ts";
+import { type LayerWeights, type ModelWeights, type Projection, PROJECTIONS } from "./weights.ts";
+import { type LoadedProjection, quantizeLoaded } from "./quant_load.ts";
 import type { GpuModel } from "./gpu_model.ts";
 import { loadModelFolder } from "./folder.ts";
 import { TextTokenizer } from "./tokenizer.ts";
 import { Progress } from "./progress.ts";
-import type { WeightBuffer } from "../../kernels/weight.ts";
+import { type FloatWeight, weightBytes } from "../../kernels/weight.ts";
 import { type Dispatch, run } from "../../gpu/dispatch.ts";
 import { fillRandomDispatch } from "../../kernels/fill_random.ts";
 
@@ -40,6 +41,17 @@ export const SHAPES = {
     kvHeads: 4,
     headDim: 64,
     ffn: 5632,
+    vocab: 32000,
+    tied: false,
+  },
+  /** Llama-2-7B: 13.5 GB of 16-bit weights (the 7B anchors of the quantization targets). */
+  "llama-7b": {
+    layers: 32,
+    hidden: 4096,
+    heads: 32,
+    kvHeads: 32,
+    headDim: 128,
+    ffn: 11008,
     vocab: 32000,
     tied: false,
   },
@@ -99,11 +111,16 @@ export interface SyntheticWeightsOptions {
   seed?: number;
   /** Progress label (stderr, TTY only). */
   label?: string;
+  /** Quantize the projections on the GPU (default none), as `--quantize` does at load. */
+  quantize?: QuantizeMode;
+  /** Keep the float projections for the monitor's fallback (default true). */
+  fallback?: boolean;
 }
 
 /**
  * Allocates every weight of `cfg` on the GPU and fills it with random values: matrices uniform
- * in ±1/√fan_in, embeddings ±0.05, norm weights 1 ± 0.05. Resolves once the GPU is done.
+ * in ±1/√fan_in, embeddings ±0.05, norm weights 1 ± 0.05; with `quantize`, the projections
+ * then quantized on the GPU. Resolves once the GPU is done.
  *
  * @throws Error when one matrix exceeds the adapter's largest storage binding.
  * @example
@@ -121,7 +138,7 @@ export async function syntheticWeights(
   let tensors = 0, bytes = 0;
   const fills: Dispatch[] = [];
 
-  const matrix = (rows: number, cols: number, label: string, scale: number): WeightBuffer => {
+  const matrix = (rows: number, cols: number, label: string, scale: number): FloatWeight => {
     const size = Math.ceil((rows * cols * BYTES[dtype]) / 4) * 4;
     if (size > gpu.maxBinding) {
       throw new Error(
@@ -159,16 +176,28 @@ export async function syntheticWeights(
   const embed = matrix(V, H, "embed", 0.05);
   await flush();
   const layers: LayerWeights[] = [];
+  const mode = options.quantize ?? "none", keep = options.fallback ?? true;
   for (let l = 0; l < cfg.nLayers; l++) {
-    layers.push({
+    const layer: LayerWeights = {
       attnNorm: norm(`l${l}.attn_norm`),
       qkv: matrix((nHeads + 2 * nKvHeads) * D, H, `l${l}.qkv`, 1 / Math.sqrt(H)),
       o: matrix(H, nHeads * D, `l${l}.o`, 1 / Math.sqrt(nHeads * D)),
       mlpNorm: norm(`l${l}.mlp_norm`),
       gateUp: matrix(2 * F, H, `l${l}.gate_up`, 1 / Math.sqrt(H)),
       down: matrix(H, F, `l${l}.down`, 1 / Math.sqrt(F)),
-    });
+    };
     await flush();
+    if (mode !== "none") {
+      for (const k of PROJECTIONS) {
+        const q: LoadedProjection = await quantizeLoaded(gpu, layer[k] as FloatWeight, mode, keep);
+        if (!q.precise) bytes -= weightBytes(layer[k]);
+        layer[k] = q.run;
+        bytes += weightBytes(q.run);
+        if (q.precise) (layer.precise ??= {})[k as Projection] = q.precise;
+        if (q.sample) (layer.samples ??= {})[k as Projection] = q.sample;
+      }
+    }
+    layers.push(layer);
   }
   const finalNorm = norm("norm");
   const lmHead = cfg.tieEmbeddings ? [embed] : lmHeadChunks(V, H, dtype, gpu.maxBinding).map(
@@ -178,7 +207,9 @@ export async function syntheticWeights(
   progress.done();
   const inv = Float32Array.from(ropeInvFreq(cfg));
   const invFreq = createStorage(gpu, inv.byteLength, inv, "inv_freq");
-  return { embed, layers, norm: finalNorm, lmHead, invFreq, dtype, bytes };
+  const formats = mode === "none" ? [dtype] : [mode];
+  const quant = { mode, formats, fallback: mode !== "none" && keep };
+  return { embed, layers, norm: finalNorm, lmHead, invFreq, dtype, bytes, quant };
 }
 
 /** Row counts of LM head chunks that each fit one binding (even, so 16-bit chunks align). */
@@ -215,5 +246,6 @@ export async function syntheticModel(
   if (folder.config.bosId !== undefined) config.bosId = folder.config.bosId;
   const dtype = options.dtype ?? "f16";
   const weights = await syntheticWeights(gpu, config, { ...options, dtype });
-  return { id: `synthetic-${shape}-${dtype}`, config, tokenizer, weights };
+  const q = options.quantize && options.quantize !== "none" ? `-${options.quantize}` : "";
+  return { id: `synthetic-${shape}-${dtype}${q}`, config, tokenizer, weights };
 }

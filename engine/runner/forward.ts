@@ -19,7 +19,7 @@ import { rmsnormDispatch } from "../../kernels/rmsnorm.ts";
 import { matmulDispatches } from "../../kernels/matmul.ts";
 import { ropeKvDispatch } from "../../kernels/rope_kv.ts";
 import { attentionDispatch, chunkWords } from "../../kernels/attention.ts";
-import { attentionDecodeDispatches, warmAttentionDecode } from "../../kernels/attention_decode.ts";
+import { attentionDecodeDispatches, warmDecodeBuckets } from "../../kernels/attention_decode.ts";
 import {
   attendedKeys,
   type AttentionMask,
@@ -31,13 +31,8 @@ import { logitsStatsDispatch } from "../../kernels/logits.ts";
 import { stepDispatch } from "../../kernels/step.ts";
 import { specDispatch } from "../../kernels/speculate.ts";
 import type { SlotConstraints } from "./constraints.ts";
-import { memo, StepTail, type TailFlags } from "./step_tail.ts";
-
-/** Sizes of the scratch, fixed when the forward pass is created. */
-export interface ForwardOptions {
-  /** Tokens per prefill chunk (rows of the scratch). */
-  maxChunk: number;
-}
+import type { LiveRows, PrecisionMonitor } from "./monitor.ts";
+import { lmHeadDispatches, memo, StepTail, type TailFlags } from "./step_tail.ts";
 
 /** Weights and scratch, and builders for the dispatches of a prefill chunk and a decode step. */
 export class ForwardPass {
@@ -65,7 +60,12 @@ export class ForwardPass {
   /** Decode attention's length buckets (tops, in keys attended; kernels/attention_mask.ts). */
   readonly buckets: number[];
   #decodePlans = new Map<string, Dispatch[]>();
+  /** Decode steps that measure for the precision monitor (the first of a submission). */
+  #monitoredPlans = new Map<string, Dispatch[]>();
   #verifyPlans = new Map<string, Dispatch[]>();
+  readonly #monitor?: PrecisionMonitor;
+  /** The monitor's version the built plans follow (its precision switches make them stale). */
+  #planned = 0;
   readonly #tail: StepTail;
   #prefills = new Map<string, Dispatch[]>();
   #prefillTails = new Map<string, Dispatch[]>();
@@ -83,9 +83,11 @@ export class ForwardPass {
       maxChunk: number;
       mask?: AttentionMask;
       constraints: SlotConstraints;
+      monitor?: PrecisionMonitor;
     },
   ) {
     this.#kv = o.kv;
+    this.#monitor = o.monitor;
     this.mask = o.mask ?? CAUSAL;
     this.buckets = lengthBuckets(o.layout.shape.contextLength, this.mask);
     this.#slots = o.slots;
@@ -117,40 +119,30 @@ export class ForwardPass {
       logits: this.#logits,
       stats: this.#stats,
     });
-    this.#warmBuckets();
-  }
-
-  /**
-   * Compiles decode attention's pipelines for every batch width of the longer length buckets
-   * now (the first bucket's are built as today, on first use), so the first long request does
-   * not wait for them.
-   */
-  #warmBuckets(): void {
-    const c = this.cfg, S = this.#layout.shape.maxSlots;
-    for (const top of this.buckets.slice(1)) {
-      for (let seqs = 1; seqs <= S; seqs++) {
-        warmAttentionDecode(this.gpu, {
-          seqs,
-          nHeads: c.nHeads,
-          nKvHeads: c.nKvHeads,
-          headDim: c.headDim,
-          maxContext: top,
-          kvDtype: this.#kv.dtype,
-          mask: this.mask,
-        });
-      }
-    }
+    // The longer buckets' pipelines now, so the first long request does not wait for them.
+    warmDecodeBuckets(gpu, this.buckets.slice(1), o.layout.shape.maxSlots, {
+      nHeads: cfg.nHeads,
+      nKvHeads: cfg.nKvHeads,
+      headDim: cfg.headDim,
+      kvDtype: o.kv.dtype,
+      mask: this.mask,
+    });
   }
 
   /**
    * The transformer layers over `m` rows of `x`. `attention(layer)` supplies the step from
-   * `qkv` to `attn`: RoPE, the KV write and attention (one or two dispatches).
+   * `qkv` to `attn`: RoPE, the KV write and attention (one or two dispatches). With `live` (the
+   * rows that hold tokens), the pass also measures every projection's input for the precision
+   * monitor (engine/runner/monitor.ts).
    */
-  #layers(m: number, attention: (layer: number) => Dispatch[]): Dispatch[] {
+  #layers(m: number, attention: (layer: number) => Dispatch[], live?: LiveRows): Dispatch[] {
     const { gpu, cfg, w } = this;
     const x = this.#x, eps = cfg.rmsEps;
-    const out: Dispatch[] = [];
-    w.layers.forEach((L, l) => {
+    const mon = live && this.#monitor?.enabled ? this.#monitor : undefined;
+    const out: Dispatch[] = mon ? [mon.clear()] : [];
+    w.layers.forEach((layer, l) => {
+      const L = this.#monitor?.layer(l) ?? layer; // its 16-bit weights after a fallback
+      const measure = (p: "qkv" | "o" | "gateUp" | "down") => mon?.measure(l, p, live);
       // Attention block: qkv = norm(x)·Wqkvᵀ (+b), the RMSNorm folded into the matmul; RoPE, KV
       // write; attend; x += o·Woᵀ
       out.push(...matmulDispatches(gpu, {
@@ -159,24 +151,44 @@ export class ForwardPass {
         y: this.#qkv,
         bias: L.qkvBias,
         normWeight: L.attnNorm,
+        measure: measure("qkv"),
       }, { m, eps }));
       out.push(...attention(l));
-      out.push(...matmulDispatches(gpu, { x: this.#attn, w: L.o, y: x, bias: L.oBias }, {
-        m,
-        accumulate: true,
-      }));
+      out.push(...matmulDispatches(gpu, {
+        x: this.#attn,
+        w: L.o,
+        y: x,
+        bias: L.oBias,
+        measure: measure("o"),
+      }, { m, accumulate: true }));
       // MLP block: act = silu(norm(x)·Wgᵀ) ⊙ norm(x)·Wuᵀ in one matmul (gate/up rows
       // interleaved); x += act·Wdᵀ
-      out.push(...matmulDispatches(gpu, { x, w: L.gateUp, y: this.#act, normWeight: L.mlpNorm }, {
-        m,
-        eps,
-        swiglu: true,
-      }));
+      out.push(...matmulDispatches(gpu, {
+        x,
+        w: L.gateUp,
+        y: this.#act,
+        normWeight: L.mlpNorm,
+        measure: measure("gateUp"),
+      }, { m, eps, swiglu: true }));
       out.push(
-        ...matmulDispatches(gpu, { x: this.#act, w: L.down, y: x }, { m, accumulate: true }),
+        ...matmulDispatches(gpu, { x: this.#act, w: L.down, y: x, measure: measure("down") }, {
+          m,
+          accumulate: true,
+        }),
       );
     });
     return out;
+  }
+
+  /** Drops the built plans when the monitor switched a layer's precision since they were built. */
+  #sync(): void {
+    const v = this.#monitor?.version ?? 0;
+    if (v === this.#planned) return;
+    this.#planned = v;
+    this.#decodePlans.clear();
+    this.#monitoredPlans.clear();
+    this.#verifyPlans.clear();
+    this.#prefills.clear();
   }
 
   #heads(layer: number) {
@@ -195,29 +207,9 @@ export class ForwardPass {
     };
   }
 
-  /**
-   * LM head over `m` rows of `x` (RMS-normed on the fly with `normWeight`) into rows
-   * [row0, row0 + m) of `y` (default: the sampler's logits).
-   */
-  #lmHead(
-    m: number,
-    row0: number,
-    x: GPUBuffer,
-    normWeight?: GPUBuffer,
-    y = this.#logits,
-  ): Dispatch[] {
-    const V = this.cfg.vocabSize;
-    let r = 0;
-    return this.w.lmHead.flatMap((chunk) => {
-      const d = matmulDispatches(this.gpu, { x, w: chunk, y, normWeight }, {
-        m,
-        eps: this.cfg.rmsEps,
-        yStride: V,
-        yOffset: row0 * V + r,
-      });
-      r += chunk.rows;
-      return d;
-    });
+  /** LM head over `m` rows of `x` into rows [row0, ..) of `y` (default: the logits). */
+  #lmHead(m: number, row0: number, x: GPUBuffer, normWeight?: GPUBuffer, y = this.#logits) {
+    return lmHeadDispatches(this.gpu, this.cfg, this.w.lmHead, { m, row0, x, normWeight, y });
   }
 
   /**
@@ -241,6 +233,7 @@ export class ForwardPass {
     count: number,
     o: { slot: number; pos0: number; last: boolean; region: number } & TailFlags,
   ): Dispatch[] {
+    this.#sync();
     const rows = this.prefillRows(count);
     const body = memo(this.#prefills, `${rows}`, () => this.#buildPrefill(rows), 64);
     if (!o.last) return body;
@@ -291,6 +284,7 @@ export class ForwardPass {
       stats: createStorage(this.gpu, T * 16, undefined, "score_stats"),
     };
     const { logits, stats } = this.#scoreOut;
+    this.#sync();
     const body = memo(this.#prefills, `${rows}`, () => this.#buildPrefill(rows), 64);
     const tail = memo(this.#scores, `${count}`, () => [
       ...this.#lmHead(count, 0, this.#x, this.w.norm, logits),
@@ -326,7 +320,7 @@ export class ForwardPass {
           out: this.#attn,
           chunk: this.#prefillChunk,
         }, { tokens: rows, ...this.#heads(layer) }),
-      ]),
+      ], { buffer: this.#prefillChunk, kind: "chunk" }),
     ];
   }
 
@@ -367,9 +361,14 @@ export class ForwardPass {
     f: TailFlags,
     keys = this.#layout.shape.contextLength,
   ): Dispatch[] {
+    this.#sync();
     const bucket = bucketFor(this.buckets, attendedKeys(this.mask, keys + this.#layout.rows - 1));
     const key = `${slots}:${bucket}`;
-    let body = this.#decodePlans.get(key);
+    // The first step of a submission measures for the precision monitor (a submission's
+    // readback carries the measurements; the other steps skip the cost).
+    const monitored = k === 0 && (this.#monitor?.enabled ?? false);
+    const plans = monitored ? this.#monitoredPlans : this.#decodePlans;
+    let body = plans.get(key);
     if (!body) {
       const g = this.gpu, c = this.cfg;
       body = [
@@ -404,11 +403,11 @@ export class ForwardPass {
             seqs: slots,
             maxContext: bucket,
             ...this.#heads(layer),
-          })),
+          }), monitored ? { buffer: this.#slots.step.slotState, kind: "done" } : undefined),
         // Final norm folded into the LM head: logits = norm(x) · W_lmᵀ
         ...this.#lmHead(slots, 0, this.#x, this.w.norm),
       ];
-      this.#decodePlans.set(key, body);
+      plans.set(key, body);
     }
     return [
       ...body,
@@ -436,6 +435,7 @@ export class ForwardPass {
     if (!sp || R < 2 || R > this.#layout.rows) {
       throw new Error(`internal error: a verification pass of ${R} rows per slot`);
     }
+    this.#sync();
     const rows = slots * R, c = this.cfg;
     // Row j of a slot attends j more keys than the slot holds: the bucket of the last row's.
     const bucket = bucketFor(this.buckets, attendedKeys(this.mask, keys + this.#layout.rows - 1));

@@ -17,6 +17,7 @@ import type { ModelWeights } from "../model/weights.ts";
 import type { KvPool } from "../kv/pool.ts";
 import { type GrammarImage, SlotConstraints } from "./constraints.ts";
 import { ForwardPass } from "./forward.ts";
+import { PrecisionMonitor } from "./monitor.ts";
 import { createSlotBuffers, type SlotBuffers, SlotLayout, type SlotShape } from "./slots.ts";
 import {
   type SlotOccupant,
@@ -55,6 +56,8 @@ export class Runner<T extends SlotOccupant> {
   readonly layout: SlotLayout;
   /** Dispatch builders over the weights, the KV pool and the slot buffers. */
   readonly forward: ForwardPass;
+  /** Which weights each layer runs and what decides it (engine/runner/monitor.ts). */
+  readonly monitor: PrecisionMonitor;
   readonly #slots: SlotBuffers;
   /** Grammar tables and states, logit_bias rows (engine/runner/constraints.ts). */
   readonly constraints: SlotConstraints;
@@ -82,7 +85,9 @@ export class Runner<T extends SlotOccupant> {
     this.#slots = createSlotBuffers(gpu, this.layout, { vocab: cfg.vocabSize, eosIds: o.eosIds });
     this.constraints = new SlotConstraints(gpu, opts.maxSlots);
     this.#tokenBytes = o.tokenBytes;
+    this.monitor = new PrecisionMonitor(gpu, weights);
     this.forward = new ForwardPass(gpu, cfg, weights, {
+      monitor: this.monitor,
       kv: o.kv,
       slots: this.#slots,
       layout: this.layout,
@@ -208,6 +213,7 @@ export class Runner<T extends SlotOccupant> {
           prefill: true,
           rows: f.prefillRows(part.length),
           tokens: part.length,
+          monitor: this.monitor.readback(),
         }),
       );
     }
@@ -242,6 +248,8 @@ export class Runner<T extends SlotOccupant> {
       slots: live,
       top: o.withTop,
       ...(R > 1 ? { specRows: R } : {}),
+      // step 0 of a plain submission measures (verification passes do not)
+      monitor: steps > 0 && R === 1 ? this.monitor.readback() : undefined,
     });
   }
 

@@ -1,5 +1,5 @@
 /**
- * The end of every step that samples, after the logits exist: logit_bias, sampling (with grammar
+ * The end of every step that samples, from the LM head on: the logits, logit_bias, sampling (with grammar
  * masks when a constrained slot runs), the top-logprobs alternatives, then the step kernel that
  * records tokens in the ring (`step_end`, or a verification pass's `spec_end`) and the grammar
  * advance. The forward pass (engine/runner/forward.ts) appends these to its plans; they are
@@ -9,6 +9,9 @@
 import type { Gpu } from "../../gpu/device.ts";
 import type { Dispatch } from "../../gpu/dispatch.ts";
 import { advanceDispatch, biasDispatch } from "../../kernels/constraint.ts";
+import { matmulDispatches } from "../../kernels/matmul.ts";
+import type { WeightBuffer } from "../../kernels/weight.ts";
+import type { ModelConfig } from "../model/config.ts";
 import { logitsStatsDispatch, topKDispatch } from "../../kernels/logits.ts";
 import { sampleDispatch } from "../../kernels/sample.ts";
 import { specDispatch } from "../../kernels/speculate.ts";
@@ -23,6 +26,30 @@ export interface TailFlags {
   grammar?: boolean;
   /** Some running slot has logit_bias. */
   bias?: boolean;
+}
+
+/**
+ * LM head over `m` rows of `x` (RMS-normed on the fly with `normWeight`) into rows
+ * [row0, row0 + m) of `y` ([rows, V]), one matmul per chunk of the head's rows.
+ */
+export function lmHeadDispatches(
+  gpu: Gpu,
+  cfg: Pick<ModelConfig, "vocabSize" | "rmsEps">,
+  chunks: readonly WeightBuffer[],
+  o: { m: number; row0: number; x: GPUBuffer; normWeight?: GPUBuffer; y: GPUBuffer },
+): Dispatch[] {
+  const V = cfg.vocabSize;
+  let r = 0;
+  return chunks.flatMap((chunk) => {
+    const d = matmulDispatches(gpu, { x: o.x, w: chunk, y: o.y, normWeight: o.normWeight }, {
+      m: o.m,
+      eps: cfg.rmsEps,
+      yStride: V,
+      yOffset: o.row0 * V + r,
+    });
+    r += chunk.rows;
+    return d;
+  });
 }
 
 /** Memoises built dispatches (each owns a uniform buffer), keeping the newest `limit`. */

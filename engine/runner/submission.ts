@@ -8,6 +8,7 @@ import { type Dispatch, encode } from "../../gpu/dispatch.ts";
 import type { ReadbackPool } from "../../gpu/readback.ts";
 import { RingView } from "../../kernels/step.ts";
 import type { SlotBuffers, SlotLayout } from "./slots.ts";
+import type { MonitorReadback } from "./monitor.ts";
 
 /** What a submission reads about the sequence in a slot. */
 export interface SlotOccupant {
@@ -44,6 +45,8 @@ export interface SubmissionOptions<T extends SlotOccupant> {
   tokens?: number;
   /** Rows per slot of a verification pass (speculation); absent: one token per slot and step. */
   specRows?: number;
+  /** The precision monitor's measurements to copy back too (its pass measured). */
+  monitor?: MonitorReadback;
 }
 
 /** What one slot's speculative step did: drafts proposed and drafts accepted. */
@@ -87,6 +90,7 @@ export class Submission<T extends SlotOccupant> {
   readonly work: string;
   readonly #staging: GPUBuffer;
   readonly #top?: GPUBuffer;
+  readonly #mon?: GPUBuffer;
   #cb?: GPUCommandBuffer;
   #state: "encoded" | "submitted" | "discarded" = "encoded";
   #errors: Promise<GPUError | null>[] = [];
@@ -126,6 +130,10 @@ export class Submission<T extends SlotOccupant> {
       const from = o.region * layout.shape.maxSteps * stride;
       enc.copyBufferToBuffer(slots.topRing, from, this.#top, 0, o.steps * stride);
     }
+    if (o.monitor) {
+      this.#mon = o.monitor.pool.take();
+      enc.copyBufferToBuffer(o.monitor.src, 0, this.#mon, 0, o.monitor.bytes);
+    }
     this.#cb = enc.finish();
     this.#scoped();
     this.hostMs = performance.now() - t0;
@@ -164,6 +172,7 @@ export class Submission<T extends SlotOccupant> {
     this.#state = "discarded";
     this.ctx.readback.ring.give(this.#staging);
     if (this.#top) this.ctx.readback.top.give(this.#top);
+    if (this.#mon) this.o.monitor!.pool.give(this.#mon);
   }
 
   /**
@@ -186,9 +195,12 @@ export class Submission<T extends SlotOccupant> {
         ring.read(this.#staging, layout.ringBytes(steps)).then((b) => (this.#ring = b)),
         this.#top && top.read(this.#top, steps * layout.topStride())
           .then((b) => (this.#topData = b)),
+        this.#mon && this.o.monitor!.pool.read(this.#mon, this.o.monitor!.bytes),
       ]).then((r) => {
         const e = r.slice(0, this.#errors.length).find((x) => x) as GPUError | undefined;
         if (e) throw new Error(`internal error: the GPU rejected a submission: ${e.message}`);
+        const mon = r.at(-1);
+        if (this.#mon && mon instanceof ArrayBuffer) this.o.monitor!.take(mon);
       });
     }
     return this.#done;

@@ -24,6 +24,7 @@ import type {
   Generation,
   GenerationResult,
   KvStats,
+  PrecisionStats,
   SessionInfo,
   SpeculationStats,
   TokenEvent,
@@ -201,6 +202,11 @@ export class WorkerEngine implements EngineLike {
 
   speculationStats(): SpeculationStats {
     return this.#state.speculation;
+  }
+
+  /** The worker engine's layer precision as of its last message (absent: not quantized). */
+  precisionStats(): PrecisionStats | undefined {
+    return this.#state.precision;
   }
 
   /** @throws InvalidRequestError as `Engine.setSpeculation` does */

@@ -7,6 +7,7 @@ import type {
   Constraint,
   GenerationResult,
   KvStats,
+  PrecisionStats,
   SamplingOptions,
   SessionInfo,
   SpeculationStats,
@@ -18,13 +19,20 @@ import {
   InvalidRequestError,
   SessionBusyError,
 } from "../../api/errors.ts";
-import type { DType, KvDtype } from "../../gpu/dtype.ts";
+import type { DType, KvDtype, QuantizeMode } from "../../gpu/dtype.ts";
 import type { EngineOptions } from "../engine.ts";
 
 /** What the worker loads: a model folder, or a named shape with random weights (the bench). */
 export type ModelSpec =
   | { dir: string }
-  | { shape: string; dtype?: DType; tokenizerDir: string };
+  | {
+    shape: string;
+    dtype?: DType;
+    tokenizerDir: string;
+    /** Quantize the random projections (`--quantize`), keeping the float ones unless false. */
+    quantize?: QuantizeMode;
+    fallback?: boolean;
+  };
 
 /** Options of {@linkcode WorkerEngine.load}: the engine's, with the session store as a path. */
 export interface WorkerEngineOptions extends Omit<EngineOptions, "gpu" | "store"> {
@@ -41,6 +49,8 @@ export interface WorkerState {
   running: number;
   kv: KvStats;
   speculation: SpeculationStats;
+  /** The layers' precision, when the model is quantized. */
+  precision?: PrecisionStats;
 }
 
 /** What the worker reports once the model is loaded. */

@@ -35,7 +35,13 @@ function post(m: FromWorker): void {
 }
 
 function state(e: Engine): WorkerState {
-  return { running: e.occupancy().running, kv: e.kvStats(), speculation: e.speculationStats() };
+  const precision = e.weights.quant.mode === "none" ? undefined : e.precisionStats();
+  return {
+    running: e.occupancy().running,
+    kv: e.kvStats(),
+    speculation: e.speculationStats(),
+    precision,
+  };
 }
 
 /** Sends what piled up at the end of the current microtask. */
@@ -72,6 +78,8 @@ async function init(model: ModelSpec, options: WorkerEngineOptions): Promise<Eng
   const m = await syntheticModel(gpu, model.shape, {
     dtype: model.dtype,
     tokenizerDir: model.tokenizerDir,
+    quantize: model.quantize,
+    fallback: model.fallback,
   });
   return Engine.create(gpu, m, { ...rest, gpu, store });
 }

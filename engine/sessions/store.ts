@@ -18,6 +18,7 @@
  * first makes the snapshot look again). Files that hold no cold chunk are removed after the grace
  * period. Restore reads a chunk from Deno KV, else from its file.
  */
+import type { TurnRecord } from "./table.ts";
 import { inflateSync } from "fflate";
 import type { KvDtype } from "../../gpu/dtype.ts";
 import { unpackBlock } from "./block_pack.ts";
@@ -87,6 +88,8 @@ export interface SessionManifest {
    * under `["chunk", hash, i]`.
    */
   blocks: { hash: string; parts: number; bytes: number; planes?: number }[];
+  /** The session's most recent turns as they ran (absent in snapshots from before replays). */
+  turns?: TurnRecord[];
   createdAt: number;
   updatedAt: number;
 }
@@ -347,17 +350,21 @@ export class SessionStore {
     const now = Date.now();
     const warm: { entry: Deno.KvEntry<ChunkMeta>; last: number }[] = [];
     let changed = false;
-    this.#version++;
-    this.#chunks.clear();
+    // The chunk map is refreshed in place (not cleared first): tierOf must never see a chunk
+    // vanish while the listing runs (stored-block counts read 0 then).
+    const before = new Set(this.#chunks.keys()), seen = new Set<string>();
     for await (const e of this.kv.list<ChunkMeta>({ prefix: ["kvmeta"] })) {
       const [, hash, width] = e.key as [string, string, number];
       const k = chunkKey(hash, width);
+      seen.add(k);
       const last = used.get(k);
       if (last === undefined && now - e.value.at >= this.graceMs) {
         const op = this.kv.atomic().check(e).delete(e.key);
         for (let p = 0; p < e.value.parts; p++) op.delete(["kvblock", hash, width, p]);
         if ((await op.commit()).ok) {
           await this.#cold?.remove(hash, width);
+          this.#chunks.delete(k);
+          this.#version++;
           changed = true;
           continue;
         }
@@ -365,6 +372,8 @@ export class SessionStore {
       this.#setChunk(k, { tier: e.value.tier, size: e.value.size });
       if (e.value.tier === "kv" && last !== undefined) warm.push({ entry: e, last });
     }
+    for (const k of before) if (!seen.has(k)) this.#chunks.delete(k);
+    this.#version++;
     await this.#sweepFolder(now);
     if (this.coldDir === undefined) return changed;
     let over = this.warmUsed - this.warmBytes;

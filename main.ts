@@ -8,6 +8,7 @@
  *                      [--context-length N] [--quantize int8|e4m3|none]
  */
 import { parseArgs } from "node:util";
+import { SessionStore } from "./engine/sessions/store.ts";
 import { Engine } from "./engine/engine.ts";
 import { sampling } from "./api/types.ts";
 import { status } from "./engine/model/progress.ts";
@@ -29,6 +30,7 @@ const USAGE = `usage:
                    [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
                    [--stop STR] [--chat] [--json] [--kv-dtype f32|f16] [--context-length N]
                    [--speculate off|auto] [--quantize int8|e4m3|none] [--quantize-fallback on|off]
+  main.ts generate --replay SESSION --kv PATH [--model DIR] [--json]
 --kv PATH keeps sessions (tokens and KV blocks) in Deno KV at PATH across restarts.
 --kv-sync: a session's turn ends (its last SSE chunk, JSON response or WebSocket "done") only
 once its snapshot is committed to the store, so an answered turn survives a crash; without it the
@@ -38,6 +40,10 @@ updated sessions' blocks move to files in --kv-cold DIR (default PATH.cold; for 
 none unless given: its blocks then all stay in it).
 --speculate auto (default) drafts tokens from each sequence's own text and verifies them in one
 pass where that is faster (the tokens are exactly those of plain decoding); off never does.
+generate --replay SESSION runs the session's recorded turns (its last 8) from the store at --kv
+PATH again and compares tokens and fingerprints of the hidden states: it prints the first
+divergence, and exits 1 when there is one (SESSION: the id a client sent; on a server with API
+keys, TENANT/ID where TENANT is the key's tenant id).
 --kv-dtype f16 holds the KV cache in half the memory (K and V rounded to f16); default f32.
 --kv-blocks N sizes the GPU KV pool in 16-token blocks (default 4096 f32 blocks' worth of memory,
 at most what one binding holds).
@@ -138,10 +144,14 @@ async function generate(args: string[]): Promise<void> {
       speculate: { type: "string" },
       quantize: { type: "string" },
       "quantize-fallback": { type: "string" },
+      replay: { type: "string" },
+      kv: { type: "string" },
       help: { type: "boolean" },
     },
   });
   if (v.help) return console.log(USAGE);
+  if (v.replay !== undefined) return await replay(v.replay, v);
+  if (v.kv !== undefined) throw new Error("--kv applies to generate with --replay");
   if ((v.prompt === undefined) === (v["prompt-ids"] === undefined)) {
     throw new Error("give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
   }
@@ -198,6 +208,53 @@ async function generate(args: string[]): Promise<void> {
     console.log();
     status(`${tokens.length} tokens, finish_reason ${r.finishReason}`);
   }
+}
+
+/** `generate --replay SESSION --kv PATH`: the session's recorded turns again, compared. */
+async function replay(
+  id: string,
+  v: { kv?: string; model?: string; json?: boolean; prompt?: string; "prompt-ids"?: string },
+): Promise<void> {
+  const kvPath = v.kv ?? (Deno.env.get("STRATA_KV") || undefined);
+  if (!kvPath) throw new Error("--replay needs --kv PATH (the session store holding it)");
+  if (v.prompt !== undefined || v["prompt-ids"] !== undefined) {
+    throw new Error("--replay runs the session's own prompts: give no --prompt or --prompt-ids");
+  }
+  const store = await SessionStore.open(kvPath);
+  try {
+    const engine = await Engine.load(v.model ?? Deno.env.get("STRATA_MODEL") ?? DEFAULT_MODEL, {
+      maxSlots: 1,
+      store,
+    });
+    if (!engine.session(id)) throw new Error(`no session '${id}' in ${kvPath} for this model`);
+    const r = await engine.replaySession(id);
+    const d = r.divergence;
+    if (v.json) console.log(JSON.stringify(r));
+    else if (d) {
+      console.log(
+        `turn ${d.turn}, step ${d.step}: ${
+          d.kind === "token" ? "a different token" : "another state"
+        } ` +
+          `(expected token ${d.expected.token}, fingerprint ${hex(d.expected.fingerprint)}; got ` +
+          `${d.got.token}, ${hex(d.got.fingerprint)})`,
+      );
+    } else {
+      console.log(
+        `identical: ${r.turns} turns, ${r.tokens} tokens; fingerprints exact for ` +
+          `${r.exactFingerprints}, at most ${r.maxDistance} bits apart` +
+          (r.skipped.length
+            ? `; skipped ${r.skipped.map((s) => `turn ${s.turn} (${s.reason})`).join(", ")}`
+            : ""),
+      );
+    }
+    if (d) Deno.exitCode = 1;
+  } finally {
+    store.close();
+  }
+}
+
+function hex(x: number): string {
+  return `0x${(x >>> 0).toString(16).padStart(8, "0")}`;
 }
 
 async function serve(args: string[]): Promise<void> {

@@ -80,7 +80,43 @@ export interface GenerationResult {
    * (every accepted draft is a token the step gave beyond its own).
    */
   speculation?: { steps: number; drafted: number; accepted: number };
+  /**
+   * Per generated token, the fingerprint of the hidden state that produced it (a 32-bit SimHash,
+   * kernels/fingerprint.wgsl): replays compare them (`EngineLike.replaySession`).
+   */
+  fingerprints: number[];
 }
+
+/** What replaying a session's recorded turns found (`POST /v1/sessions/:id/replay`). */
+export interface ReplayReport {
+  session: string;
+  /** Turns replayed (the session keeps its most recent ones), and tokens compared. */
+  turns: number;
+  tokens: number;
+  /** Tokens whose fingerprint matched bit for bit, and the largest distance seen (bits of 32). */
+  exactFingerprints: number;
+  maxDistance: number;
+  /**
+   * The first place the replay went another way: a different token, or a fingerprint more than
+   * {@linkcode REPLAY_MAX_DISTANCE} bits away (a different state behind the same token); null
+   * when every token and state agreed.
+   */
+  divergence: {
+    turn: number;
+    step: number;
+    kind: "token" | "state";
+    expected: { token: number; fingerprint: number };
+    got: { token: number; fingerprint: number };
+  } | null;
+  /** Turns that could not be replayed and why (e.g. the model changed). */
+  skipped: { turn: number; reason: string }[];
+}
+
+/**
+ * Fingerprint bits two runs of the same state may differ in: rounding between batch compositions
+ * flips a bit only when a projection sits within it of zero; a different state flips about 16.
+ */
+export const REPLAY_MAX_DISTANCE = 3;
 
 /** A running generation: iterate for tokens, await `result` for the end. */
 export interface Generation extends AsyncIterable<TokenEvent> {
@@ -209,6 +245,12 @@ export interface EngineLike {
    */
   compileConstraint(spec: ConstraintSpec, path?: string): Promise<Constraint>;
   generate(request: GenerateRequest): Generation;
+  /**
+   * Runs session `id`'s recorded turns again and compares tokens and fingerprints.
+   *
+   * @throws InvalidRequestError when there is no such session
+   */
+  replaySession(id: string): Promise<ReplayReport>;
   session(id: string): SessionInfo | undefined;
   deleteSession(id: string): Promise<boolean>;
   /** Sequences running now and waiting for admission. */

@@ -15,6 +15,7 @@ import type {
   GenerationResult,
   KvStats,
   PrecisionStats,
+  ReplayReport,
   SessionInfo,
   SpeculationStats,
   TokenEvent,
@@ -43,6 +44,7 @@ import { Scheduler } from "./sched/scheduler.ts";
 import { Sequence } from "./sched/sequence.ts";
 import { SpeculationPolicy } from "./sched/speculation.ts";
 import { ConstraintCompiler, ConstraintImages } from "./constraints.ts";
+import { replayTurns } from "./replay.ts";
 import { type EngineOptions, poolBlocks, type Settled, settleOptions } from "./options.ts";
 import { PrecisionPolicy, type PrecisionThresholds } from "./sched/precision.ts";
 import { precisionStats } from "./sched/precision_stats.ts";
@@ -204,6 +206,18 @@ export class Engine implements EngineLike {
       this.#images.register(c.key, c.image);
       return { key: c.key, minTokens: c.minTokens };
     });
+  }
+
+  /**
+   * Runs the session's recorded turns again and compares tokens and fingerprints
+   * (engine/replay.ts).
+   *
+   * @throws InvalidRequestError when there is no such session
+   */
+  replaySession(id: string): Promise<ReplayReport> {
+    const s = this.#sessions.table.get(id);
+    if (!s) return Promise.reject(new InvalidRequestError(`no session '${id}'`, "session_id"));
+    return replayTurns(this, id, s.turns ?? []);
   }
 
   /** Keeps a constraint compiled elsewhere (the worker engine's tokenizer workers). */

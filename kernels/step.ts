@@ -34,14 +34,26 @@ export function slotStateWords(s: SlotState): Uint32Array<ArrayBuffer> {
 /** The state of a slot that produces nothing (the initial state of every slot). */
 export const DONE: SlotState = { done: true, remaining: 0, stopAtEos: false };
 
-/** Ring entries copied to the host: entry i is `(token, logprob)` at bytes `[8 i, 8 i + 8)`. */
+/**
+ * Ring entries copied to the host: entry i is `(token, logprob)` at bytes `[8 i, 8 i + 8)`; with
+ * `fingerprintsAt`, the fingerprint ring's entries follow from that byte (a u32 per entry,
+ * kernels/fingerprint.wgsl).
+ */
 export class RingView {
   readonly #ids: Uint32Array;
   readonly #logprobs: Float32Array;
+  readonly #fps?: Uint32Array;
 
-  constructor(bytes: ArrayBuffer) {
-    this.#ids = new Uint32Array(bytes);
-    this.#logprobs = new Float32Array(bytes);
+  constructor(bytes: ArrayBuffer, fingerprintsAt?: number) {
+    const n = fingerprintsAt === undefined ? undefined : fingerprintsAt / 4;
+    this.#ids = new Uint32Array(bytes, 0, n);
+    this.#logprobs = new Float32Array(bytes, 0, n);
+    if (fingerprintsAt !== undefined) this.#fps = new Uint32Array(bytes, fingerprintsAt);
+  }
+
+  /** Entry i's fingerprint (0 when none was copied). */
+  fingerprint(i: number): number {
+    return this.#fps?.[i] ?? 0;
   }
 
   /** Entry i's token id, or undefined when its slot was already finished (NO_TOKEN). */

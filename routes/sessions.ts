@@ -1,6 +1,9 @@
-/** `GET /v1/sessions/:id` and `DELETE /v1/sessions/:id`: what a session holds, and forgetting it. */
+/**
+ * `GET /v1/sessions/:id`, `DELETE /v1/sessions/:id` and `POST /v1/sessions/:id/replay`: what a
+ * session holds, forgetting it, and running its recorded turns again to compare.
+ */
 import { Hono } from "hono";
-import type { EngineLike, SessionInfo } from "../api/types.ts";
+import type { EngineLike, ReplayReport, SessionInfo } from "../api/types.ts";
 import { ApiError, badRequest } from "./errors.ts";
 import { describe, SESSION_ID } from "./fields.ts";
 import { engineSessionId, requestTenant } from "./tenants.ts";
@@ -25,6 +28,28 @@ export function sessionJson(id: string, info: SessionInfo) {
     created_at_ms: info.createdAt,
     updated_at_ms: info.updatedAt,
     persisted_at_ms: info.persistedAt ?? null,
+  };
+}
+
+/** A replay report as JSON (snake_case, as the API's other objects). */
+export function replayJson(id: string, r: ReplayReport) {
+  const d = r.divergence;
+  return {
+    id,
+    object: "session.replay",
+    turns: r.turns,
+    tokens: r.tokens,
+    identical: d === null,
+    exact_fingerprints: r.exactFingerprints,
+    max_fingerprint_distance: r.maxDistance,
+    divergence: d && {
+      turn: d.turn,
+      step: d.step,
+      kind: d.kind,
+      expected: { token: d.expected.token, fingerprint: d.expected.fingerprint },
+      got: { token: d.got.token, fingerprint: d.got.fingerprint },
+    },
+    skipped: r.skipped,
   };
 }
 
@@ -63,5 +88,28 @@ export function sessionsRoutes(engine: EngineLike): Hono {
       }
       if (!deleted) throw notFound(id);
       return c.json({ id, object: "session.deleted", deleted: true });
+    })
+    .post("/:id/replay", async (c) => {
+      const id = pathId(c.req.param("id"));
+      const text = await c.req.text();
+      if (text.trim() !== "") {
+        let body: unknown;
+        try {
+          body = JSON.parse(text);
+        } catch {
+          throw badRequest(null, "the body of a replay is empty or {}: it takes no fields");
+        }
+        const keys = body && typeof body === "object" ? Object.keys(body) : ["(body)"];
+        if (keys.length) {
+          throw badRequest(
+            keys[0],
+            `replay takes no fields; got '${keys[0]}'`,
+            "unknown_parameter",
+          );
+        }
+      }
+      const engineId = engineSessionId(requestTenant(c), id);
+      if (!engine.session(engineId)) throw notFound(id);
+      return c.json(replayJson(id, await engine.replaySession(engineId)));
     });
 }

@@ -17,6 +17,7 @@ export const GL_FILES = [
   "tests/kernels_quant_test.ts",
   "tests/sampling_test.ts",
   "tests/kernels_constraint_test.ts",
+  "tests/kernels_fingerprint_test.ts",
 ];
 
 /** What the GL runs add to the environment. */

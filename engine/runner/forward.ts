@@ -118,6 +118,9 @@ export class ForwardPass {
       constraints: o.constraints,
       logits: this.#logits,
       stats: this.#stats,
+      x: this.#x,
+      lastRow: this.#lastRow,
+      hidden: cfg.hiddenSize,
     });
     // The longer buckets' pipelines now, so the first long request does not wait for them.
     warmDecodeBuckets(gpu, this.buckets.slice(1), o.layout.shape.maxSlots, {
@@ -256,7 +259,7 @@ export class ForwardPass {
       ...body,
       ...logits,
       ...this.#tail.sample(o.slot + 1, o.region, 0, o, 1, o.slot),
-      ...this.#tail.stepEnd(o.slot, o.slot + 1, o.region, 0, o),
+      ...this.#tail.stepEnd(o.slot, o.slot + 1, o.region, 0, o, true),
     ];
   }
 

@@ -96,7 +96,12 @@ export class Runner<T extends SlotOccupant> {
       constraints: this.constraints,
     });
     const readback = {
-      ring: new ReadbackPool(gpu.device, this.layout.ringBytes(opts.maxSteps), 8),
+      // a submission's token ring rows, then its fingerprint rows
+      ring: new ReadbackPool(
+        gpu.device,
+        this.layout.ringBytes(opts.maxSteps) + this.layout.fingerprintBytes(opts.maxSteps),
+        8,
+      ),
       top: new ReadbackPool(gpu.device, opts.maxSteps * this.layout.topStride(), 2),
     };
     this.#ctx = { gpu, layout: this.layout, slots: this.#slots, readback };

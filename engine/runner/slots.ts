@@ -17,6 +17,9 @@ import {
 } from "../../kernels/step.ts";
 import { BLOCK } from "../kv/blocks.ts";
 
+/** Bytes of one fingerprint ring entry (kernels/fingerprint.wgsl: a u32 per token entry). */
+export const FINGERPRINT_BYTES = 4;
+
 /** Sizes of the batch's state, fixed when the runner is created. */
 export interface SlotShape {
   /** Batch slots (sequences decoding together). */
@@ -78,6 +81,11 @@ export class SlotLayout {
     return steps * this.shape.maxSlots * this.ringStride * RING_ENTRY_BYTES;
   }
 
+  /** Bytes of `steps` rows of the fingerprint ring (a u32 per token ring entry). */
+  fingerprintBytes(steps: number): number {
+    return steps * this.shape.maxSlots * this.ringStride * FINGERPRINT_BYTES;
+  }
+
   /** Entry index, in a copy of ring rows, of (step k, slot, entry j). */
   ringEntry(k: number, slot: number, j = 0): number {
     return (k * this.shape.maxSlots + slot) * this.ringStride + j;
@@ -104,6 +112,8 @@ export interface SlotBuffers {
   spec?: SpecBuffers;
   /** (id, logprob) [regions, maxSteps, topStride / 8]. */
   topRing: GPUBuffer;
+  /** u32 per token ring entry: the fingerprint of the hidden row that produced its token. */
+  fpRing: GPUBuffer;
   /** EOS ids in `step.eos` (0: none; the buffer then holds one unmatchable id). */
   eosCount: number;
 }
@@ -147,6 +157,7 @@ export function createSlotBuffers(
     },
     spec,
     topRing: buf(regions * maxSteps * layout.topStride(), "top_ring"),
+    fpRing: buf(layout.fingerprintBytes(regions * maxSteps), "fingerprint_ring"),
     eosCount: opts.eosIds.length,
   };
 }

@@ -9,6 +9,7 @@
 import type { Gpu } from "../../gpu/device.ts";
 import type { Dispatch } from "../../gpu/dispatch.ts";
 import { advanceDispatch, biasDispatch } from "../../kernels/constraint.ts";
+import { fingerprintDispatch } from "../../kernels/fingerprint.ts";
 import { matmulDispatches } from "../../kernels/matmul.ts";
 import type { WeightBuffer } from "../../kernels/weight.ts";
 import type { ModelConfig } from "../model/config.ts";
@@ -82,6 +83,10 @@ export class StepTail {
       constraints: SlotConstraints;
       logits: GPUBuffer;
       stats: GPUBuffer;
+      /** The final residual rows (fingerprinted) and a prefill chunk's last row index. */
+      x: GPUBuffer;
+      lastRow: GPUBuffer;
+      hidden: number;
     },
   ) {}
 
@@ -142,11 +147,23 @@ export class StepTail {
     return out;
   }
 
-  /** `step_end` over slots [slotBegin, slotEnd) at (region, k), then the grammar advance. */
-  stepEnd(slotBegin: number, slotEnd: number, region: number, k: number, f: TailFlags) {
+  /**
+   * `step_end` over slots [slotBegin, slotEnd) at (region, k), the grammar advance and the
+   * fingerprints (a prefill's: of its last row, into its one slot's entry).
+   */
+  stepEnd(
+    slotBegin: number,
+    slotEnd: number,
+    region: number,
+    k: number,
+    f: TailFlags,
+    prefill = false,
+  ) {
     const { slots, layout, constraints } = this.o;
-    const key = `${slotBegin}:${slotEnd}:${region}:${k}:${f.grammar ? constraints.version : ""}`;
+    const key = `${slotBegin}:${slotEnd}:${region}:${k}:${f.grammar ? constraints.version : ""}` +
+      (prefill ? ":p" : "");
     return memo(this.#ends, key, () => [
+      this.#fingerprint(slotEnd, region, k, 1, prefill ? slotBegin : undefined),
       stepDispatch(this.gpu, slots.step, {
         entry: "step_end",
         slotBegin,
@@ -167,6 +184,7 @@ export class StepTail {
     const { slots: b, layout, constraints } = this.o;
     const key = `spec:${slots}:${R}:${region}:${k}:${f.grammar ? constraints.version : ""}`;
     return memo(this.#ends, key, () => [
+      this.#fingerprint(slots * R, region, k, R),
       specDispatch(this.gpu, { step: b.step, spec: b.spec! }, {
         entry: "spec_end",
         slotBegin: 0,
@@ -180,6 +198,19 @@ export class StepTail {
       }),
       ...this.#advance(0, slots, region, k, R, f),
     ], 4096);
+  }
+
+  /** Fingerprints of rows [0, rows) (R per slot), or of a prefill's last row for `slot`. */
+  #fingerprint(rows: number, region: number, k: number, R: number, slot?: number): Dispatch {
+    const { slots, layout, x, lastRow, hidden } = this.o;
+    return fingerprintDispatch(this.gpu, { x, fpRing: slots.fpRing, lastRow }, {
+      rows,
+      hidden,
+      ringOffset: layout.ringOffset(region, k),
+      ringStride: layout.ringStride,
+      rowsPerSeq: R,
+      ...(slot === undefined ? {} : { prefill: { slot } }),
+    });
   }
 
   #advance(

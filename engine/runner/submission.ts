@@ -55,12 +55,16 @@ export interface SpecStep {
   accepted: number;
 }
 
-/** A token as read back: which sequence, its id, logprob and alternatives. */
+/**
+ * A token as read back: which sequence, its id, logprob, alternatives and the fingerprint of the
+ * hidden state that produced it (kernels/fingerprint.wgsl).
+ */
 export type TakeToken<T> = (
   seq: T,
   token: number,
   logprob: number,
-  alts?: { id: number; logprob: number }[],
+  alts: { id: number; logprob: number }[] | undefined,
+  fingerprint: number,
 ) => void;
 
 /**
@@ -121,8 +125,16 @@ export class Submission<T extends SlotOccupant> {
     pass.end();
     this.#staging = readback.ring.take();
     if (o.steps) {
-      const from = layout.ringByteOffset(o.region, 0);
-      enc.copyBufferToBuffer(slots.step.ring, from, this.#staging, 0, layout.ringBytes(o.steps));
+      const from = layout.ringByteOffset(o.region, 0), bytes = layout.ringBytes(o.steps);
+      enc.copyBufferToBuffer(slots.step.ring, from, this.#staging, 0, bytes);
+      // the fingerprint ring's rows of the same steps, right after (half the bytes per entry)
+      enc.copyBufferToBuffer(
+        slots.fpRing,
+        layout.fingerprintBytes(o.region * layout.shape.maxSteps),
+        this.#staging,
+        bytes,
+        layout.fingerprintBytes(o.steps),
+      );
     }
     if (o.top && o.steps) {
       const stride = layout.topStride();
@@ -192,7 +204,8 @@ export class Submission<T extends SlotOccupant> {
       const steps = this.o.steps;
       this.#done = Promise.all([
         ...this.#errors,
-        ring.read(this.#staging, layout.ringBytes(steps)).then((b) => (this.#ring = b)),
+        ring.read(this.#staging, layout.ringBytes(steps) + layout.fingerprintBytes(steps))
+          .then((b) => (this.#ring = b)),
         this.#top && top.read(this.#top, steps * layout.topStride())
           .then((b) => (this.#topData = b)),
         this.#mon && this.o.monitor!.pool.read(this.#mon, this.o.monitor!.bytes),
@@ -218,7 +231,7 @@ export class Submission<T extends SlotOccupant> {
     spec?: (seq: T, step: SpecStep) => void,
   ): void {
     const { layout } = this.ctx, R = this.o.specRows ?? 1;
-    const ring = new RingView(this.#ring!);
+    const ring = new RingView(this.#ring!, layout.ringBytes(this.o.steps));
     const raw = this.#topData;
     const topIds = raw && new Uint32Array(raw), topLps = raw && new Float32Array(raw);
     const alternatives = (seq: T, k: number, row: number) => {
@@ -237,7 +250,8 @@ export class Submission<T extends SlotOccupant> {
         for (let j = 0; j < R && !seq.finished; j++) {
           const token = ring.token(first + j);
           if (token === undefined) break;
-          take(seq, token, ring.logprob(first + j), alternatives(seq, k, R > 1 ? s * R + j : s));
+          const alts = alternatives(seq, k, R > 1 ? s * R + j : s);
+          take(seq, token, ring.logprob(first + j), alts, ring.fingerprint(first + j));
         }
         if (R > 1) {
           const drafted = ring.raw(first + R);

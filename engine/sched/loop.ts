@@ -343,8 +343,8 @@ export class Loop {
   #process(sub: Submission<Sequence>): void {
     const moved = new Set<Sequence>();
     sub.read(
-      (seq, token, logprob, alts) => {
-        seq.accept(token, logprob, alts);
+      (seq, token, logprob, alts, fingerprint) => {
+        seq.accept(token, logprob, alts, fingerprint);
         if (seq.finished) this.#finish(seq);
         else if (this.#mask) moved.add(seq);
       },
@@ -376,6 +376,7 @@ export class Loop {
     const persisted = this.#sessions.release(seq.request.sessionId, seq.blocks, {
       tokens: seq.allTokens(),
       prefilled: seq.prefillSubmitted,
+      ...(seq.request.sessionId !== undefined ? { turn: seq.turnRecord() } : {}),
     });
     seq.settle(persisted);
   }

@@ -14,6 +14,7 @@ import type { SequenceBlocks } from "../kv/blocks.ts";
 import type { TextTokenizer } from "../model/tokenizer.ts";
 import { Channel } from "./channel.ts";
 import { StopMatcher } from "../model/stop.ts";
+import type { TurnRecord } from "../sessions/table.ts";
 import type { GrammarImage } from "../runner/constraints.ts";
 import { newSpecStats, type SpecStats } from "./speculation.ts";
 
@@ -66,6 +67,7 @@ export class Sequence {
   gpuDone = false;
   finished = false;
   readonly #generated: number[] = [];
+  readonly #fingerprints: number[] = [];
   readonly #out = new Channel<TokenEvent>();
   readonly #detok;
   readonly #stop: StopMatcher;
@@ -124,16 +126,34 @@ export class Sequence {
     return this.gpuDone || this.gpuRemaining <= 0;
   }
 
+  /** This turn as it ran, for its session's records (engine/sessions/table.ts TurnRecord). */
+  turnRecord(): TurnRecord {
+    const { seed: _, ...sampling } = this.sampling;
+    return {
+      prompt: [...this.promptIds],
+      sampling: { ...sampling, seed: this.seed.toString() },
+      ...(this.request.constraint ? { constraint: this.request.constraint.key } : {}),
+      tokens: [...this.#generated],
+      fingerprints: [...this.#fingerprints],
+    };
+  }
+
   /** Prompt plus accepted output. */
   allTokens(): number[] {
     return [...this.promptIds, ...this.#generated];
   }
 
   /** Takes one token the GPU produced. */
-  accept(id: number, logprob: number, alts?: { id: number; logprob: number }[]): void {
+  accept(
+    id: number,
+    logprob: number,
+    alts?: { id: number; logprob: number }[],
+    fingerprint = 0,
+  ): void {
     if (this.finished) return;
     if (this.#generated.length === 0) this.#ttft = performance.now() - this.#start;
     this.#generated.push(id);
+    this.#fingerprints.push(fingerprint);
     const eos = this.sampling.stopAtEos !== false && this.#tokenizer.eosIds.includes(id);
     const piece = eos ? this.#detok.flush() : this.#detok.push(id);
     const { text, stopped } = this.#stop.push(piece);
@@ -212,6 +232,7 @@ export class Sequence {
       cachedTokens: this.#cached,
       seed: this.seed,
       ttftMs: this.#ttft,
+      fingerprints: [...this.#fingerprints],
       ...(this.spec.steps > 0
         ? {
           speculation: {

@@ -8,7 +8,7 @@ import type { KvDtype } from "../../gpu/dtype.ts";
 import { BLOCK, SequenceBlocks } from "../kv/blocks.ts";
 import type { KvPool } from "../kv/pool.ts";
 import type { ChunkRef, SessionStore } from "./store.ts";
-import { type SessionEntry, SessionTable } from "./table.ts";
+import { type SessionEntry, SessionTable, type TurnRecord } from "./table.ts";
 
 export type { SessionEntry } from "./table.ts";
 
@@ -116,7 +116,7 @@ export class Sessions {
   release(
     id: string | undefined,
     blocks: SequenceBlocks,
-    o: { tokens: readonly number[]; prefilled: boolean },
+    o: { tokens: readonly number[]; prefilled: boolean; turn?: TurnRecord },
   ): Promise<number> | undefined {
     const session = this.table.endTurn(id, blocks, o);
     return session ? this.snapshot(session) : undefined;
@@ -215,6 +215,7 @@ export class Sessions {
             createdAt,
             updatedAt,
             ...(blocks.root ? { scope: blocks.root.toString(16) } : {}),
+            ...(session.turns ? { turns: session.turns } : {}),
           },
           [...reused, ...data],
           { give: true },
@@ -258,7 +259,7 @@ export class Sessions {
     for (const m of await store.list(this.modelId)) {
       const info = { id: m.id, tokens: 0, createdAt: m.createdAt, updatedAt: m.updatedAt };
       const blocks = new SequenceBlocks(pool, m.scope ? BigInt(`0x${m.scope}`) : 0n);
-      this.table.add({ info, blocks, busy: false });
+      this.table.add({ info, blocks, busy: false, ...(m.turns ? { turns: m.turns } : {}) });
       this.#setStored(m.id, m.blocks);
       // The next snapshot may reuse these chunks; restore verifies them before it relies on any.
       const kvOf = m.kv ?? "f32";

@@ -4,6 +4,7 @@
  * recently used first). Pure bookkeeping over the block pool: no GPU, no store (snapshots are
  * engine/sessions/snapshots.ts).
  */
+import type { SamplingOptions } from "../../api/types.ts";
 import type { SessionInfo } from "../../api/types.ts";
 import { SessionBusyError } from "../../api/errors.ts";
 import type { BlockPool, SequenceBlocks } from "../kv/blocks.ts";
@@ -13,7 +14,26 @@ export interface SessionEntry {
   info: SessionInfo;
   blocks: SequenceBlocks;
   busy: boolean;
+  /** Its most recent turns as generated, oldest first (replays re-run them). */
+  turns?: TurnRecord[];
 }
+
+/**
+ * One turn as it ran, enough to run it again and compare (`Engine.replaySession`): its whole
+ * prompt, the sampling settings with the seed drawn, the constraint's key, the tokens and their
+ * fingerprints (kernels/fingerprint.wgsl).
+ */
+export interface TurnRecord {
+  prompt: number[];
+  sampling: Omit<SamplingOptions, "seed"> & { seed: string };
+  /** The constraint's key (its spec's JSON, engine/constraints.ts), when it had one. */
+  constraint?: string;
+  tokens: number[];
+  fingerprints: number[];
+}
+
+/** Turns a session keeps records of. */
+export const KEPT_TURNS = 8;
 
 /** The sessions of one engine, by id. */
 export class SessionTable {
@@ -85,7 +105,7 @@ export class SessionTable {
   endTurn(
     id: string | undefined,
     blocks: SequenceBlocks,
-    o: { tokens: readonly number[]; prefilled: boolean },
+    o: { tokens: readonly number[]; prefilled: boolean; turn?: TurnRecord },
   ): SessionEntry | undefined {
     const session = id === undefined ? undefined : this.#map.get(id);
     if (!session) {
@@ -98,6 +118,9 @@ export class SessionTable {
     }
     blocks.truncate(o.prefilled ? o.tokens.length : blocks.computed);
     session.busy = false;
+    if (o.turn && o.prefilled) {
+      session.turns = [...(session.turns ?? []), o.turn].slice(-KEPT_TURNS);
+    }
     session.info.tokens = blocks.computed;
     session.info.updatedAt = Date.now();
     return session;

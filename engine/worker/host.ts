@@ -25,6 +25,7 @@ import type {
   GenerationResult,
   KvStats,
   PrecisionStats,
+  ReplayReport,
   SessionInfo,
   SpeculationStats,
   TokenEvent,
@@ -222,6 +223,11 @@ export class WorkerEngine implements EngineLike {
   async deleteSession(id: string): Promise<boolean> {
     if (this.#busy(id)) throw new SessionBusyError(id);
     return await this.#call("deleteSession", id) as boolean;
+  }
+
+  /** `Engine.replaySession` in the worker. */
+  async replaySession(id: string): Promise<ReplayReport> {
+    return await this.#call("replaySession", id) as ReplayReport;
   }
 
   /** Resolves when every session snapshot started so far is written. */

@@ -80,7 +80,8 @@ export type CallMethod =
   | "flushSnapshots"
   | "hostStats"
   | "setSpeculation"
-  | "registerConstraint";
+  | "registerConstraint"
+  | "replaySession";
 
 /** Messages to the worker. */
 export type ToWorker =

@@ -126,6 +126,8 @@ async function call(e: Engine, m: Extract<ToWorker, { t: "call" }>): Promise<voi
       ? await e.flushSnapshots()
       : m.method === "setSpeculation"
       ? await e.setSpeculation(m.args[0] as "off" | "auto")
+      : m.method === "replaySession"
+      ? await e.replaySession(m.args[0] as string)
       : m.method === "registerConstraint"
       ? e.registerConstraint(m.args[0] as string, m.args[1] as Uint32Array)
       : e.hostStats();

@@ -55,7 +55,16 @@ function pools(gpu: Gpu, want: number, kvDtype: KvDtype) {
   return { blocks, k: random(gpu, floats, 2), v: random(gpu, floats, 3) };
 }
 
+const USAGE = `usage: deno run -A scripts/bench_masks.ts [--tokens 512] [--pos0 0,8192,32768,130560]
+  [--batches 1,8] [--contexts 2048,8192,32768,131072] [--window 4096] [--kv-dtype f16|f32]
+  [--iterations 5] [--out FILE]
+
+Prefill and decode attention under the causal, all-visible (the mask's own cost), window and
+sinks + window masks, µs per layer on TinyLlama's heads (defaults shown). Needs a GPU with
+timestamp queries for meaningful numbers; prints a table, --out writes JSON.`;
+
 async function main(): Promise<void> {
+  if (Deno.args.includes("--help") || Deno.args.includes("-h")) return console.log(USAGE);
   const { values: v } = parseArgs({
     options: {
       tokens: { type: "string", default: "512" },

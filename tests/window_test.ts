@@ -75,3 +75,15 @@ Deno.test("releaseDead gives blocks back once; truncate and free skip them", () 
   const again = new SequenceBlocks(pool);
   assert.equal(again.appendPrompt(Array.from({ length: 300 }, (_, i) => i % 50)), 288);
 });
+
+Deno.test("a 131 072-token prompt appends, drops its KV and keeps its tokens (no argument spread)", () => {
+  // Spreading this many ids into push() overflows V8's stack (bench_long at 128k died so).
+  const pool = new BlockPool(4);
+  const seq = new SequenceBlocks(pool);
+  const ids = Array.from({ length: 131_072 }, (_, i) => i % 1000);
+  assert.equal(seq.appendPrompt(ids), 0);
+  assert.equal(seq.tokens.length, ids.length);
+  seq.dropKv();
+  assert.equal(seq.tokens.length, ids.length);
+  assert.equal(seq.tokens[131_071], 71);
+});

@@ -158,7 +158,7 @@ export class SequenceBlocks {
       }
       this.computed += cached;
     }
-    this.tokens.push(...ids.slice(cached));
+    for (let i = cached; i < ids.length; i++) this.tokens.push(ids[i]); // no spread: 128k ids
     return cached;
   }
 
@@ -227,6 +227,6 @@ export class SequenceBlocks {
   dropKv(): void {
     const tokens = this.tokens.slice();
     this.truncate(0);
-    this.tokens.push(...tokens);
+    for (const t of tokens) this.tokens.push(t);
   }
 }

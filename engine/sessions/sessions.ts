@@ -273,7 +273,7 @@ export class Sessions {
       }
       blocks.reserve(data.length * BLOCK);
       data.forEach((raw, i) => this.kv.write(blocks.table[i], raw));
-      blocks.tokens.push(...m.tokens);
+      for (const t of m.tokens) blocks.tokens.push(t);
       blocks.markComputed(Math.min(m.computed, data.length * BLOCK));
       blocks.truncate(m.tokens.length);
       Object.assign(info, { tokens: blocks.computed, persistedAt: m.updatedAt });

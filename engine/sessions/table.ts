@@ -113,7 +113,7 @@ export class SessionTable {
       return undefined;
     }
     if (o.prefilled) {
-      blocks.tokens.push(...o.tokens.slice(blocks.tokens.length));
+      for (let i = blocks.tokens.length; i < o.tokens.length; i++) blocks.tokens.push(o.tokens[i]);
       blocks.markComputed(o.tokens.length - 1);
     }
     blocks.truncate(o.prefilled ? o.tokens.length : blocks.computed);

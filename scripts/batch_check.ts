@@ -21,6 +21,9 @@ import { Engine } from "../engine/engine.ts";
 import { sampling } from "../api/types.ts";
 import { promptMaker } from "./bench.ts";
 import { parseKvDtype } from "../gpu/dtype.ts";
+import { helpFromComment } from "./help.ts";
+
+helpFromComment(import.meta.url);
 
 const { values: v } = parseArgs({
   options: {

@@ -15,6 +15,9 @@
  *
  * The output is deterministic: same packages, same bytes (SOURCES.md records the sha256).
  */
+import { helpFromComment } from "./help.ts";
+
+helpFromComment(import.meta.url);
 
 const APT_PACKAGES = [
   "bible-kjv",

@@ -15,6 +15,9 @@ import { Engine, type EngineOptions } from "../engine/engine.ts";
 import { parseKvDtype } from "../gpu/dtype.ts";
 import { sampling } from "../api/types.ts";
 import { rng } from "./rng.ts";
+import { helpFromComment } from "./help.ts";
+
+helpFromComment(import.meta.url);
 
 async function main(): Promise<void> {
   const { values: v } = parseArgs({

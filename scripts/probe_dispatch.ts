@@ -7,6 +7,9 @@
 import { createStorage, getGpu, type Gpu } from "../gpu/device.ts";
 import type { Dispatch } from "../gpu/dispatch.ts";
 import { timeCalls } from "./sweep_kernels.ts";
+import { helpFromComment } from "./help.ts";
+
+helpFromComment(import.meta.url);
 
 async function time(gpu: Gpu, name: string, code: string, wgs: number): Promise<void> {
   const d = gpu.device;

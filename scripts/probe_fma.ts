@@ -8,6 +8,9 @@
  */
 import { createStorage, getGpu } from "../gpu/device.ts";
 import { timePasses } from "../gpu/timing.ts";
+import { helpFromComment } from "./help.ts";
+
+helpFromComment(import.meta.url);
 
 const gpu = await getGpu();
 const body = (t: string, e: string) => `

@@ -5,6 +5,9 @@
 // primed buffer as soon as the call returns (the last lines: "early").
 //   deno run -A scripts/probe_map.ts
 import { getGpu } from "../gpu/device.ts";
+import { helpFromComment } from "./help.ts";
+
+helpFromComment(import.meta.url);
 
 const gpu = await getGpu();
 const d = gpu.device;

@@ -9,6 +9,9 @@
 import { createStorage, getGpu } from "../gpu/device.ts";
 import { bindGroup, type Dispatch } from "../gpu/dispatch.ts";
 import { random, timeCalls } from "./sweep_kernels.ts";
+import { helpFromComment } from "./help.ts";
+
+helpFromComment(import.meta.url);
 
 const gpu = await getGpu();
 const small = Deno.env.get("SMALL") === "1";

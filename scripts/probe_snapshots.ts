@@ -12,6 +12,9 @@ import { Engine } from "../engine/engine.ts";
 import { SessionStore } from "../engine/sessions/store.ts";
 import { sampling } from "../api/types.ts";
 import { lagProbe } from "./bench.ts";
+import { helpFromComment } from "./help.ts";
+
+helpFromComment(import.meta.url);
 
 const { values: v } = parseArgs({
   options: {

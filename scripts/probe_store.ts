@@ -9,6 +9,9 @@
 import { parseArgs } from "node:util";
 import { SessionStore } from "../engine/sessions/store.ts";
 import { rng } from "./rng.ts";
+import { helpFromComment } from "./help.ts";
+
+helpFromComment(import.meta.url);
 
 const { values: v } = parseArgs({
   options: {

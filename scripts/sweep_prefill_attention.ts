@@ -15,6 +15,9 @@ import { createStorage, getGpu } from "../gpu/device.ts";
 import type { Dispatch } from "../gpu/dispatch.ts";
 import { attentionDispatch, type AttentionOptions, chunkWords } from "../kernels/attention.ts";
 import { random, timeCalls } from "./sweep_kernels.ts";
+import { helpFromComment } from "./help.ts";
+
+helpFromComment(import.meta.url);
 
 const { values: v } = parseArgs({
   options: {

@@ -237,7 +237,7 @@ Deno.test("chat templates: strata's preamble without tool support, the template'
     toolChoice: "required",
     parallelToolCalls: false,
   });
-  assert.match(text, /^<s><\|im_start\|>system\nYou can call these functions/);
+  assert.match(text, /^<s><\|im_start\|>system\nFunctions you can call/);
   assert.ok(text.includes(JSON.stringify(tools[0].function)), text);
   assert.ok(text.includes("In this reply, call one function."), text);
   assert.ok(!text.includes("JSON array"), text);

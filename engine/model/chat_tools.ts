@@ -105,17 +105,15 @@ function argumentsValue(text: string): unknown {
  *
  * @example
  * toolPreamble([{ type: "function", function: { name: "now" } }], "auto");
- * // "You can call these functions. Each is given as JSON: its name, ...
+ * // "Functions you can call (name, description, JSON Schema of the arguments):\n{"name":"now"}...
  */
 export function toolPreamble(tools: ChatTool[], choice: ToolChoice, parallel = true): string {
   const lines = [
-    "You can call these functions. Each is given as JSON: its name, what it does, and the JSON " +
-    "Schema of its arguments.",
+    "Functions you can call (name, description, JSON Schema of the arguments):",
     ...tools.map((t) => JSON.stringify(t.function)),
-    'To call a function, reply with only a JSON object: {"name": "<function name>", ' +
-    '"arguments": {<its arguments>}}.' +
-    (parallel ? " To call several at once, reply with a JSON array of such objects." : "") +
-    ' Each result comes back in a message that starts with "Result of".',
+    'To call one, reply with only {"name": "<name>", "arguments": {<arguments>}}' +
+    (parallel ? "; to call several, a JSON array of those." : ".") +
+    ' Results come back in messages starting "Result of".',
   ];
   if (choice === "none") lines.push("Do not call a function in this reply: answer in text.");
   else if (choice === "required") {

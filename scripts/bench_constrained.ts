@@ -5,10 +5,11 @@
  * (the first compile, which also builds the vocabulary's byte trie; a compile of another schema
  * after it; a cached one). The issue's goal: constrained ≥ 0.9× unconstrained.
  *
- * Both kinds sample at temperature 0.8 with the same seeds; the unconstrained one never stops at
- * EOS, the constrained one stops only when its JSON is complete (random weights rarely close a
- * string, so on a --shape both run to --new-tokens; the rate is over the tokens after the first).
- * Table on stdout, progress on stderr (TTY only), `--out` JSON.
+ * Both kinds sample at temperature 0.8; the unconstrained one never stops at EOS, the constrained
+ * one stops only when its JSON is complete (random weights rarely close a string, so on a --shape
+ * both run to --new-tokens; the rate is over the tokens after the first ones). Every constrained
+ * output is checked against the schema. Table on stdout, progress on stderr (TTY only), `--out`
+ * JSON.
  *
  *   deno task bench --constrained [--model DIR | --shape NAME] [--batch N] [--new-tokens N]
  *                   [--prompt-len N] [--repeat N] [--out FILE]
@@ -21,6 +22,7 @@ import { syntheticModel } from "../engine/model/synthetic.ts";
 import { getGpu, isCpuAdapter } from "../gpu/device.ts";
 import { DEFAULT_MODEL } from "./bench_options.ts";
 import { decodeRate, type Timed } from "./bench_report.ts";
+import { validate } from "../engine/grammar/validate.ts";
 
 export const CONSTRAINED_USAGE = `usage: deno task bench --constrained [flags]
 
@@ -40,7 +42,12 @@ the schema's compile time. Table on stdout, progress on stderr (TTY only).
   -h, --help         this text
 
 Environment:
-  DENO_WEBGPU_BACKEND  wgpu's backend, vulkan or gl (unset: Vulkan when present, else GL)`;
+  DENO_WEBGPU_BACKEND  wgpu's backend, vulkan or gl (unset: Vulkan when present, else GL)
+  XDG_RUNTIME_DIR      wgpu's loaders want one; set to /tmp when unset
+
+Examples:
+  deno task bench --constrained                                  # the default model
+  deno task bench --constrained --shape tinyllama-1.1b --out constrained.json`;
 
 /** The schema measured: a record with free strings, a format, an array and a nested object. */
 export const BENCH_SCHEMA = {
@@ -71,25 +78,29 @@ export interface ConstrainedBenchOptions {
   repeat?: number;
 }
 
-/** One row: a batch composition and the decode rates of its kinds. */
-export interface ConstrainedRow {
-  batch: string;
-  /** Decode tok/s over all sequences of the kind (per sequence = / count). */
-  free_tok_s: number | null;
-  constrained_tok_s: number | null;
-  /** Per-sequence constrained rate ÷ per-sequence free rate. */
-  ratio: number | null;
-  /** Mean tokens per constrained sequence (shorter when the JSON closed early). */
-  constrained_tokens: number | null;
-}
-
-/** Runs `requests` together; each one's token arrival times. */
-async function together(engine: Engine, requests: GenerateRequest[]): Promise<Timed[]> {
+/** Runs `requests` together; each one's token arrival times and text. */
+async function together(
+  engine: Engine,
+  requests: GenerateRequest[],
+): Promise<(Timed & { text: string })[]> {
   return await Promise.all(requests.map(async (req) => {
     const arrivals: number[] = [];
-    for await (const _ of engine.generate(req)) arrivals.push(performance.now());
-    return { arrivals } as Timed;
+    let text = "";
+    for await (const t of engine.generate(req)) {
+      arrivals.push(performance.now());
+      text += t.text;
+    }
+    return { arrivals, text } as Timed & { text: string };
   }));
+}
+
+/** Whether `text` is JSON valid against the bench's schema. */
+function validJson(text: string): boolean {
+  try {
+    return validate(BENCH_SCHEMA, JSON.parse(text)).length === 0;
+  } catch {
+    return false;
+  }
 }
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
@@ -153,46 +164,46 @@ export async function runConstrainedBench(o: ConstrainedBenchOptions = {}) {
   status("bench --constrained: warming up");
   await together(engine, [request(true, constraint.minTokens), request(false, 8)]);
 
+  // Each kind alone at batch 1 and N, and a mixed batch of N/2 of each; tok/s of all tokens
+  // after the first ones (bench_report.ts decodeRate), median over the repeats.
+  const half = batch >> 1;
   const kinds = [
-    { batch: "1", free: 1, constrained: 0 },
-    { batch: "1", free: 0, constrained: 1 },
-    { batch: `${batch}`, free: batch, constrained: 0 },
-    { batch: `${batch}`, free: 0, constrained: batch },
-    { batch: `${batch} mixed`, free: batch - (batch >> 1), constrained: batch >> 1 },
+    { name: "free 1", free: 1, constrained: 0 },
+    { name: "constrained 1", free: 0, constrained: 1 },
+    { name: `free ${batch}`, free: batch, constrained: 0 },
+    { name: `constrained ${batch}`, free: 0, constrained: batch },
+    { name: "mixed", free: batch - half, constrained: half },
   ];
-  const rates = new Map<string, { free: number[]; constrained: number[]; tokens: number[] }>();
+  const rates = new Map<string, number[]>(), tokens = new Map<string, number[]>();
+  let outputs = 0, valid = 0;
   for (let r = 0; r < repeat; r++) {
     for (const [i, k] of kinds.entries()) {
-      status(
-        `bench --constrained: run ${r + 1}/${repeat}, ${i + 1}/${kinds.length} (batch ${k.batch})`,
-      );
+      status(`bench --constrained: run ${r + 1}/${repeat}, ${i + 1}/${kinds.length} (${k.name})`);
       const reqs = [
         ...Array.from({ length: k.constrained }, () => request(true)),
         ...Array.from({ length: k.free }, () => request(false)),
       ];
       const runs = await together(engine, reqs);
-      const row = rates.get(k.batch) ?? { free: [], constrained: [], tokens: [] };
-      if (k.constrained > 0) {
-        const c = runs.slice(0, k.constrained);
-        row.constrained.push(decodeRate(c) / k.constrained);
-        row.tokens.push(c.reduce((s, x) => s + x.arrivals.length, 0) / c.length);
-      }
-      if (k.free > 0) row.free.push(decodeRate(runs.slice(k.constrained)) / k.free);
-      rates.set(k.batch, row);
+      rates.set(k.name, [...rates.get(k.name) ?? [], decodeRate(runs)]);
+      const c = runs.slice(0, k.constrained);
+      outputs += c.length;
+      valid += c.filter((x) => validJson(x.text)).length;
+      const mean = c.reduce((s, x) => s + x.arrivals.length, 0) / Math.max(c.length, 1);
+      tokens.set(k.name, [...tokens.get(k.name) ?? [], mean]);
     }
   }
-  const rows: ConstrainedRow[] = [...rates].map(([b, x]) => {
-    const n = b.endsWith("mixed") ? { f: batch - (batch >> 1), c: batch >> 1 } : { f: +b, c: +b };
-    const free = x.free.length ? median(x.free) : null;
-    const con = x.constrained.length ? median(x.constrained) : null;
+  const rate = (name: string) => median(rates.get(name)!);
+  const row = (n: number) => {
+    const free = rate(`free ${n}`), constrained = rate(`constrained ${n}`);
     return {
-      batch: b,
-      free_tok_s: free === null ? null : free * n.f,
-      constrained_tok_s: con === null ? null : con * n.c,
-      ratio: free && con ? con / free : null,
-      constrained_tokens: x.tokens.length ? median(x.tokens) : null,
+      batch: n,
+      free_tok_s: free,
+      constrained_tok_s: constrained,
+      ratio: constrained / free,
+      constrained_tokens: median(tokens.get(`constrained ${n}`)!),
     };
-  });
+  };
+  const batched = row(batch);
   return {
     adapter: gpu.adapterName,
     model: o.shape ? `shape ${o.shape}` : o.model ?? DEFAULT_MODEL,
@@ -202,36 +213,51 @@ export async function runConstrainedBench(o: ConstrainedBenchOptions = {}) {
     repeat,
     compile_ms: { first: first.ms, another: other.ms, cached: cached.ms },
     min_tokens: constraint.minTokens,
-    rows,
+    /** Constrained outputs, and how many of them parsed and validated (all, or it is a bug). */
+    outputs,
+    valid,
+    alone: row(1),
+    batched,
+    mixed: {
+      constrained: half,
+      free: batch - half,
+      tok_s: rate("mixed"),
+      ratio: rate("mixed") / batched.free_tok_s,
+    },
   };
 }
 
 /** The result as a table. */
 export function formatConstrained(r: Awaited<ReturnType<typeof runConstrainedBench>>): string {
-  const f = (x: number | null, d = 1) => (x === null ? "-" : x.toFixed(d));
-  const lines = [
+  const f = (x: number, d = 1) => x.toFixed(d);
+  const line = (label: string, free: number, con: number, ratio: number, tokens: string) =>
+    `${label.padEnd(13)}  ${f(free).padStart(10)}  ${f(con).padStart(17)}  ${
+      f(ratio, 3).padStart(6)
+    }  ${tokens.padStart(18)}`;
+  const { alone: a, batched: b, mixed: m } = r;
+  const c = r.compile_ms;
+  return [
     `strata bench --constrained: ${r.model} (vocab ${r.vocab}) on ${r.adapter}, prompt ` +
     `${r.prompt_len}, ${r.new_tokens} new tokens, median of ${r.repeat}`,
     "",
-    "batch      free tok/s  constrained tok/s  per-sequence ratio  constrained tokens",
-  ];
-  for (const row of r.rows) {
-    lines.push(
-      `${row.batch.padEnd(9)}  ${f(row.free_tok_s).padStart(10)}  ${
-        f(row.constrained_tok_s).padStart(17)
-      }  ${f(row.ratio, 3).padStart(18)}  ${f(row.constrained_tokens, 0).padStart(18)}`,
-    );
-  }
-  const c = r.compile_ms;
-  lines.push(
+    "               free tok/s  constrained tok/s   ratio  constrained tokens",
+    line("alone", a.free_tok_s, a.constrained_tok_s, a.ratio, f(a.constrained_tokens, 0)),
+    line(
+      `batch of ${b.batch}`,
+      b.free_tok_s,
+      b.constrained_tok_s,
+      b.ratio,
+      f(b.constrained_tokens, 0),
+    ),
+    line(`mixed ${m.constrained}+${m.free}`, b.free_tok_s, m.tok_s, m.ratio, "*"),
     "",
+    `* a batch of ${m.constrained} constrained and ${m.free} unconstrained requests: its tok/s ` +
+    `(both kinds) against the unconstrained batch of ${b.batch}`,
     `schema compile: first ${f(c.first)} ms (with the vocabulary's trie), another schema ` +
-      `${f(c.another)} ms, cached ${f(c.cached, 2)} ms; the shortest output takes ` +
-      `${r.min_tokens} tokens`,
-    "(rows 1 and N: each kind alone, so the ratio compares two runs; mixed: both kinds in one " +
-      "batch)",
-  );
-  return lines.join("\n");
+    `${f(c.another)} ms, cached ${f(c.cached, 2)} ms; the shortest output takes ` +
+    `${r.min_tokens} tokens`,
+    `constrained outputs valid against the schema: ${r.valid} of ${r.outputs}`,
+  ].join("\n");
 }
 
 /** The CLI (`deno task bench --constrained ...`). */

@@ -44,7 +44,14 @@ function valid(schema: unknown, text: string | null | undefined): void {
 }
 
 /** POSTs JSON with the key (for routes the client has no method for). */
-async function post(path: string, body: unknown): Promise<{ status: number; json: any }> {
+/** What the tokenizer routes answer (one of the fields, or an error). */
+interface Answer {
+  tokens: number[];
+  content: string;
+  error: { param: string; message: string };
+}
+
+async function post(path: string, body: unknown): Promise<{ status: number; json: Answer }> {
   const res = await fetch(`${origin}${path}`, {
     method: "POST",
     headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },

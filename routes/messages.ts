@@ -88,7 +88,8 @@ function message(m: unknown, param: string, calls: Map<string, string>): ChatMes
       `${param}.role must be "system", "user", "assistant" or "tool"; got ${describe(role)}`,
     );
   }
-  const extra = Object.keys(b).find((k) => !MESSAGE_FIELDS[role].includes(k));
+  // null counts as absent (an SDK's message objects carry `parsed: null`, `audio: null`).
+  const extra = Object.keys(b).find((k) => b[k] !== null && !MESSAGE_FIELDS[role].includes(k));
   if (extra !== undefined) {
     throw badRequest(
       `${param}.${extra}`,

@@ -88,7 +88,7 @@ function checkFieldsOf(body: Body): void {
 }
 
 function fields(item: Body, allowed: string[], param: string): void {
-  const extra = Object.keys(item).find((k) => !allowed.includes(k));
+  const extra = Object.keys(item).find((k) => item[k] !== null && !allowed.includes(k));
   if (extra !== undefined) {
     throw badRequest(
       `${param}.${extra}`,

@@ -267,7 +267,8 @@ Deno.test("tools: tool messages in history reach the prompt; auto answers text o
   };
   const messages: OpenAI.ChatCompletionMessageParam[] = [
     ...ASK_WEATHER,
-    { role: "assistant", content: null, tool_calls: [call] },
+    // As the client's stream helper returns a message (`parsed: null`: null counts as absent).
+    { role: "assistant", content: null, tool_calls: [call], refusal: null, parsed: null } as never,
     { role: "tool", tool_call_id: "call_abc", content: "4 degrees and snow" },
   ];
   const res = await client.chat.completions.create({

@@ -21,6 +21,7 @@ import {
   type ToolOutput,
 } from "../routes/tool_calls.ts";
 import { parseTools } from "../routes/tools.ts";
+import { QWEN25_TEMPLATE } from "./chat_templates.ts";
 import { rng } from "./util.ts";
 
 /** Feeds `text` in random pieces and adds up what comes out, as a stream's client does. */
@@ -257,7 +258,8 @@ Deno.test("chat templates: strata's preamble without tool support, the template'
   // A template that takes tools gets them, and arguments as objects, as transformers passes them.
   const native = new TextTokenizer(folder.tokenizerJson, {
     ...folder.tokenizerConfig,
-    chat_template: "{% for t in tools %}[{{ t.function.name }}]{% endfor %}" +
+    chat_template: "{% if tools is not none %}{% for t in tools %}[{{ t.function.name }}]" +
+      "{% endfor %}{% endif %}" +
       "{% for m in messages %}<{{ m.role }}>{{ m.content }}" +
       "{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function.name }}:" +
       "{{ c.function.arguments.city }}{% endfor %}{% endif %}" +
@@ -269,6 +271,8 @@ Deno.test("chat templates: strata's preamble without tool support, the template'
     native.applyChatTemplate(history, { tools }),
     "[get_weather]<user>Weather in Oslo?<assistant>get_weather:Oslo<tool>4 C, snow(call_1 get_weather)<assistant>",
   );
+  // Without tools, `tools` is none, as transformers passes it (a guarded section stays out).
+  assert.equal(native.applyChatTemplate(history.slice(0, 1)), "<user>Weather in Oslo?<assistant>");
   // Continuing a final message: the text ends with it, open; a trimming template too.
   const prefill: ChatMessage[] = [{ role: "user", content: "Hi" }, {
     role: "assistant",
@@ -297,4 +301,55 @@ Deno.test("chat templates: strata's preamble without tool support, the template'
   );
   // A tool result's schema is checked against what the model sent: validate is the grammar's.
   assert.deepEqual(validate(tools[0].function.parameters, { city: "Oslo" }), []);
+});
+
+Deno.test("chat templates: Qwen2.5's renders tools, calls and results as transformers does", async () => {
+  const folder = await loadModelFolder(
+    new URL("../models/strata-default", import.meta.url).pathname,
+  );
+  const qwen = new TextTokenizer(folder.tokenizerJson, {
+    ...folder.tokenizerConfig,
+    chat_template: QWEN25_TEMPLATE,
+  });
+  const tools = [{
+    type: "function" as const,
+    function: {
+      name: "get_weather",
+      description: "Weather",
+      parameters: { type: "object", properties: { city: { type: "string" } } },
+    },
+  }];
+  const history: ChatMessage[] = [
+    { role: "user", content: "Weather in Oslo?" },
+    {
+      role: "assistant",
+      content: "",
+      tool_calls: [{
+        id: "call_1",
+        type: "function",
+        function: { name: "get_weather", arguments: '{"city": "Oslo"}' },
+      }],
+    },
+    { role: "tool", content: "4 C", tool_call_id: "call_1", name: "get_weather" },
+  ];
+  const system = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful " +
+    "assistant.";
+  assert.equal(
+    qwen.applyChatTemplate(history, { tools }),
+    system + "\n\n# Tools\n\nYou may call one or more functions to assist with the user " +
+      "query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n" +
+      '<tools>\n{"type": "function", "function": {"name": "get_weather", "description": ' +
+      '"Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}' +
+      "\n</tools>\n\nFor each function call, return a json object with function name and " +
+      "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n" +
+      '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' +
+      "<|im_start|>user\nWeather in Oslo?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n" +
+      '{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>\n' +
+      "<|im_start|>user\n<tool_response>\n4 C\n</tool_response><|im_end|>\n" +
+      "<|im_start|>assistant\n",
+  );
+  assert.equal(
+    qwen.applyChatTemplate(history.slice(0, 1)),
+    `${system}<|im_end|>\n<|im_start|>user\nWeather in Oslo?<|im_end|>\n<|im_start|>assistant\n`,
+  );
 });

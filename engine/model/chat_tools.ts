@@ -20,7 +20,8 @@ import type { ChatMessage, ChatRenderOptions, ChatTool, ToolChoice } from "../..
 /** What the template renders: its `messages`, and `tools` when it takes them. */
 export interface TemplateChat {
   messages: Record<string, unknown>[];
-  tools?: unknown[];
+  /** For a template that takes tools: the list, or null without (as transformers passes None). */
+  tools?: unknown[] | null;
 }
 
 /** Whether a chat template takes tools (mentions the `tools` variable). */
@@ -39,10 +40,8 @@ export function templateChat(
 ): TemplateChat {
   const tools = options.tools ?? [];
   if (knowsTools) {
-    return {
-      messages: messages.map(nativeMessage),
-      ...(tools.length > 0 ? { tools } : {}),
-    };
+    // `tools is not none` guards templates' tool sections: an undefined one passes it.
+    return { messages: messages.map(nativeMessage), tools: tools.length > 0 ? tools : null };
   }
   const out: Record<string, unknown>[] = messages.map(plainMessage);
   if (tools.length > 0) {

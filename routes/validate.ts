@@ -354,7 +354,7 @@ export function checkConstrained(stop: string[], what: string, continued = false
     throw badRequest(
       "continue_final_message",
       `a continued message cannot be constrained by ${what}: the constraint covers only new ` +
-        "text; send the messages without the partial assistant message",
+        "text; send add_generation_prompt: true for a new turn after it, or leave it out",
     );
   }
 }

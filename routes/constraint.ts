@@ -51,6 +51,29 @@ function object(v: unknown, param: string, example: string): Body {
   return v as Body;
 }
 
+/** Most nested arrays and objects a schema may have (the compiler walks schemas recursively). */
+export const MAX_SCHEMA_DEPTH = 64;
+
+/**
+ * Refuses a schema nested deeper than {@linkcode MAX_SCHEMA_DEPTH} (counted without recursion).
+ *
+ * @throws {ApiError} 400 on `param`
+ */
+export function checkSchemaDepth(schema: unknown, param: string): void {
+  const stack: [unknown, number][] = [[schema, 1]];
+  while (stack.length > 0) {
+    const [v, depth] = stack.pop()!;
+    if (v === null || typeof v !== "object") continue;
+    if (depth > MAX_SCHEMA_DEPTH) {
+      throw badRequest(
+        param,
+        `${param} is nested more than ${MAX_SCHEMA_DEPTH} levels deep; flatten it`,
+      );
+    }
+    for (const x of Object.values(v)) stack.push([x, depth + 1]);
+  }
+}
+
 /** A json_schema's fields (chat's `json_schema` object, or the Responses API's `text.format`). */
 export function schemaFields(js: Body, param: string, fields: string[]): SpecAt {
   onlyFields(js, fields, param);
@@ -68,6 +91,7 @@ export function schemaFields(js: Body, param: string, fields: string[]): SpecAt 
   }
   const schema = object(js.schema, `${param}.schema`, '{"type": "object", "properties": {...}}');
   const path = `${param}.schema`;
+  checkSchemaDepth(schema, path);
   return {
     spec: { type: "json_schema", schema, strict: js.strict === true },
     path,

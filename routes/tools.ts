@@ -7,7 +7,7 @@
 import type { ChatTool, ToolChoice } from "../api/types.ts";
 import { badRequest } from "./errors.ts";
 import { type Body, describe, present } from "./fields.ts";
-import type { SchemaPlace, SpecAt } from "./constraint.ts";
+import { checkSchemaDepth, type SchemaPlace, type SpecAt } from "./constraint.ts";
 import { FUNCTION_NAME } from "./messages.ts";
 
 /** Most tools a request may offer (OpenAI's limit). */
@@ -103,6 +103,7 @@ function tool(t: unknown, i: number, shape: ToolShape): ChatTool {
       `${at}.parameters must be a JSON Schema object; got ${describe(f.parameters)}`,
     );
   }
+  if (present(f, "parameters")) checkSchemaDepth(f.parameters, `${at}.parameters`);
   if (present(f, "strict") && typeof f.strict !== "boolean") {
     throw badRequest(`${at}.strict`, `${at}.strict must be true or false`);
   }

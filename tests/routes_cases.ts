@@ -322,6 +322,13 @@ export function badRequests(context: number): Bad[] {
   ];
 }
 
+/** A schema of `depth` nested `items`. */
+function nested(depth: number): Record<string, unknown> {
+  let s: Record<string, unknown> = { type: "string" };
+  for (let i = 0; i < depth; i++) s = { type: "array", items: s };
+  return s;
+}
+
 const TOOL = {
   type: "function",
   function: { name: "get_weather", parameters: { type: "object" } },
@@ -378,6 +385,28 @@ function parityCases(): Bad[] {
       "stop",
       undefined,
       "cut the output",
+    ],
+    [
+      "response_format schema nested too deep",
+      C,
+      {
+        prompt: "a",
+        response_format: { type: "json_schema", json_schema: { name: "x", schema: nested(100) } },
+      },
+      400,
+      "response_format.json_schema.schema",
+      undefined,
+      "nested more than 64 levels",
+    ],
+    [
+      "tool parameters nested too deep",
+      CHAT,
+      {
+        messages: MSG,
+        tools: [{ type: "function", function: { name: "f", parameters: nested(100) } }],
+      },
+      400,
+      "tools[0].function.parameters",
     ],
     ["logit_bias list", C, { prompt: "a", logit_bias: [1] }, 400, "logit_bias"],
     [

@@ -40,6 +40,49 @@ export type ConstraintSpec =
   | { type: "json_schema"; schema: unknown; strict?: boolean }
   | { type: "regex"; pattern: string };
 
+/** A tool call of an assistant message (OpenAI's shape; `arguments` is JSON text). */
+export interface ChatToolCall {
+  id: string;
+  type: "function";
+  function: { name: string; arguments: string };
+}
+
+/**
+ * One message of a chat as the chat template sees it: `role` and `content`, and for tool use
+ * the assistant's `tool_calls` and a `tool` message's `tool_call_id` (and the called function's
+ * `name`). `name` on other roles is the participant's name, passed to the template as is.
+ */
+export interface ChatMessage {
+  role: string;
+  content: string;
+  tool_calls?: ChatToolCall[];
+  tool_call_id?: string;
+  name?: string;
+}
+
+/** A function the model may call (OpenAI's `tools[i]`; `parameters` is a JSON Schema). */
+export interface ChatTool {
+  type: "function";
+  function: { name: string; description?: string; parameters?: unknown; strict?: boolean };
+}
+
+/** Which tool call a request wants: OpenAI's `tool_choice`, a named function as `{name}`. */
+export type ToolChoice = "auto" | "none" | "required" | { name: string };
+
+/** How a chat is rendered (`encodeChat`, `tokenizeChat`); see docs/api.md, "Tools". */
+export interface ChatRenderOptions {
+  /** Functions the model may call: the template's `tools` variable, or strata's preamble. */
+  tools?: ChatTool[];
+  /** Said in strata's preamble for templates without tool support (default "auto"). */
+  toolChoice?: ToolChoice;
+  /** Whether the preamble offers several calls at once (default true). */
+  parallelToolCalls?: boolean;
+  /** Append the assistant turn's header (default: true unless continuing). */
+  addGenerationPrompt?: boolean;
+  /** Render the last message open, so generation continues it (an assistant prefill). */
+  continueFinalMessage?: boolean;
+}
+
 /** A constraint compiled for the engine's vocabulary ({@linkcode EngineLike.compileConstraint}). */
 export interface Constraint {
   /** Names the compiled tables (the same spec compiles once). */
@@ -219,8 +262,13 @@ export interface EngineLike {
    * says so): for short texts; request prompts go through {@linkcode tokenize}.
    */
   encode(text: string): number[];
-  /** Renders messages through the chat template and encodes them, at once (short chats). */
-  encodeChat(messages: { role: string; content: string }[]): number[];
+  /**
+   * Renders messages through the chat template and encodes them, at once (short chats).
+   *
+   * @throws Error when the template refuses the chat (its message), or for a final message that
+   *   cannot be continued
+   */
+  encodeChat(messages: ChatMessage[], options?: ChatRenderOptions): number[];
   /** Text of `ids`, at once (a token's text, short lists). */
   decode(ids: number[]): string;
   /**
@@ -230,7 +278,7 @@ export interface EngineLike {
    */
   tokenize(text: string): Promise<number[]>;
   /** {@linkcode encodeChat} without stalling the caller's thread. */
-  tokenizeChat(messages: { role: string; content: string }[]): Promise<number[]>;
+  tokenizeChat(messages: ChatMessage[], options?: ChatRenderOptions): Promise<number[]>;
   /** {@linkcode decode} without stalling the caller's thread (long id lists). */
   detokenize(ids: number[]): Promise<string>;
   /** Whether the tokenizer has a token `id` (a map lookup, at once). */

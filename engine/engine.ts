@@ -7,6 +7,8 @@
  * about them.
  */
 import type {
+  ChatMessage,
+  ChatRenderOptions,
   Constraint,
   ConstraintSpec,
   EngineLike,
@@ -174,8 +176,8 @@ export class Engine implements EngineLike {
     return this.tokenizer.encode(text);
   }
 
-  encodeChat(messages: { role: string; content: string }[]): number[] {
-    return this.tokenizer.encodeChat(messages);
+  encodeChat(messages: ChatMessage[], options?: ChatRenderOptions): number[] {
+    return this.tokenizer.encodeChat(messages, options);
   }
 
   decode(ids: number[]): string {
@@ -187,8 +189,8 @@ export class Engine implements EngineLike {
     return Promise.resolve().then(() => this.encode(text));
   }
 
-  tokenizeChat(messages: { role: string; content: string }[]): Promise<number[]> {
-    return Promise.resolve().then(() => this.encodeChat(messages));
+  tokenizeChat(messages: ChatMessage[], options?: ChatRenderOptions): Promise<number[]> {
+    return Promise.resolve().then(() => this.encodeChat(messages, options));
   }
 
   detokenize(ids: number[]): Promise<string> {

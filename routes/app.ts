@@ -17,6 +17,7 @@ import { hostGuard, jsonOnly } from "./guard.ts";
 import { healthRoutes } from "./health.ts";
 import { createMetrics, metricsRoutes } from "./metrics.ts";
 import { modelsRoutes } from "./models.ts";
+import { responsesRoutes } from "./responses.ts";
 import { sessionsRoutes } from "./sessions.ts";
 import { tokenizeRoutes } from "./tokenize.ts";
 import { speculationRoutes } from "./speculation.ts";
@@ -26,6 +27,8 @@ import { wsRoutes } from "./ws.ts";
 export type { ServerOptions } from "./context.ts";
 
 const WS_PATH = "/v1/chat/ws";
+/** The tokenizer's routes outside /v1, as llama.cpp's server names them. */
+const TOKENIZER_PATHS = ["/tokenize", "/detokenize"];
 const METHODS = new Set(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]);
 
 function staticRoot(dir: string | URL | null | undefined): string | null {
@@ -112,9 +115,13 @@ export function createApp(engine: EngineLike, options: ServerOptions = {}): Hono
   }
 
   const keys = [...(options.apiKeys ?? []), ...(options.apiKey ? [options.apiKey] : [])];
-  if (keys.length > 0) app.use("/v1/*", auth(keys, WS_PATH));
-  app.use("/v1/*", jsonOnly);
-  app.use("/v1/*", bodyReader({ maxBytes: ctx.maxBodyBytes, timeoutMs: ctx.bodyTimeoutMs }));
+  const body = bodyReader({ maxBytes: ctx.maxBodyBytes, timeoutMs: ctx.bodyTimeoutMs });
+  // The API, and llama.cpp's unprefixed tokenizer paths, which answer as /v1/tokenize does.
+  for (const path of ["/v1/*", ...TOKENIZER_PATHS]) {
+    if (keys.length > 0) app.use(path, auth(keys, WS_PATH));
+    app.use(path, jsonOnly);
+    app.use(path, body);
+  }
 
   app.route("/v1/completions", completionsRoutes(ctx));
   app.route("/v1/chat/completions", chatRoutes(ctx));
@@ -122,7 +129,9 @@ export function createApp(engine: EngineLike, options: ServerOptions = {}): Hono
   app.route("/v1/sessions", sessionsRoutes(engine));
   app.route("/v1/speculation", speculationRoutes(engine));
   app.route("/v1/models", modelsRoutes(ctx));
+  app.route("/v1/responses", responsesRoutes(ctx));
   app.route("/v1", tokenizeRoutes(engine)); // /v1/tokenize, /v1/detokenize
+  app.route("/", tokenizeRoutes(engine, "")); // /tokenize, /detokenize
   app.route("/health", healthRoutes(ctx));
   app.route("/metrics", metricsRoutes(ctx.metrics));
 

@@ -3,10 +3,18 @@ import { Hono } from "hono";
 import type { EngineLike, TokenEvent } from "../api/types.ts";
 import { admit, type ServerContext } from "./context.ts";
 import { ApiError } from "./errors.ts";
-import { collect, sessionOf, startChoices, streamRuns, usageOf } from "./generation.ts";
+import {
+  collect,
+  type RunResult,
+  sessionOf,
+  startChoices,
+  streamRuns,
+  usageOf,
+} from "./generation.ts";
 import { readJson } from "./fields.ts";
 import { requestTenant } from "./tenants.ts";
-import { parseChat, samplingFor } from "./validate.ts";
+import { type OutputPiece, readOutput, type ToolOutput, toolOutput } from "./tool_calls.ts";
+import { type ChatRequest, parseChat, samplingFor } from "./validate.ts";
 
 /** One entry of chat `logprobs.content`. */
 export interface ChatLogprob {
@@ -33,6 +41,21 @@ export function chatLogprob(engine: EngineLike, ev: TokenEvent): ChatLogprob {
   };
 }
 
+/** The reader of a choice's output for the request's tools (plain text without them). */
+function outputOf(req: ChatRequest): ToolOutput {
+  const t = req.tools;
+  return toolOutput(
+    t?.mode ?? "none",
+    t?.tools.map((x) => x.function.name) ?? [],
+    t?.array ?? false,
+  );
+}
+
+/** A choice's finish reason: "tool_calls" when it called a tool (and was not cancelled). */
+function finishOf(result: RunResult, called: boolean): string {
+  return called && result.finishReason !== "cancelled" ? "tool_calls" : result.finishReason;
+}
+
 /** The `/v1/chat/completions` sub-app. */
 export function chatRoutes(ctx: ServerContext): Hono {
   const { engine } = ctx;
@@ -46,6 +69,7 @@ export function chatRoutes(ctx: ServerContext): Hono {
       sessionId: req.sessionId,
       speculation: req.speculation,
       tenant: requestTenant(c),
+      constraint: req.constraint,
       signal: abort.signal,
     });
     const id = `chatcmpl-${crypto.randomUUID().replaceAll("-", "")}`;
@@ -62,18 +86,18 @@ export function chatRoutes(ctx: ServerContext): Hono {
       const done = await collect(c, runs, abort);
       return c.json({
         ...head("chat.completion"),
-        choices: done.map(({ events, result }, k) => ({
-          index: k,
-          message: {
-            role: "assistant",
-            content: events.map((e) => e.text).join(""),
-            refusal: null,
-          },
-          logprobs: req.logprobs
-            ? { content: events.map((e) => chatLogprob(engine, e)), refusal: null }
-            : null,
-          finish_reason: result.finishReason,
-        })),
+        choices: done.map(({ events, result }, k) => {
+          const out = readOutput(outputOf(req), events.map((e) => e.text).join(""));
+          const calls = out.calls.length > 0 ? { tool_calls: out.calls } : {};
+          return {
+            index: k,
+            message: { role: "assistant", content: out.content, refusal: null, ...calls },
+            logprobs: req.logprobs
+              ? { content: events.map((e) => chatLogprob(engine, e)), refusal: null }
+              : null,
+            finish_reason: finishOf(result, out.calls.length > 0),
+          };
+        }),
         usage: usageOf(prompts, done.map((d) => d.result)),
         ...sessionOf(req.sessionId, done[0]?.result),
       });
@@ -85,14 +109,33 @@ export function chatRoutes(ctx: ServerContext): Hono {
       choices: [{ index: k, delta, logprobs, finish_reason: finish }],
       ...usage,
     });
+    const outputs = runs.map(() => outputOf(req));
+    const called = runs.map(() => false);
+    /** The chunks of one piece of output; `lp` rides on the first (or alone with logprobs). */
+    const chunks = (k: number, piece: OutputPiece, lp: unknown) => {
+      const out: object[] = [];
+      if (piece.content !== "" || (lp !== null && piece.calls.length === 0)) {
+        out.push(chunk(k, { content: piece.content }, lp, null));
+        lp = null;
+      }
+      for (const d of piece.calls) {
+        called[k] = true;
+        out.push(chunk(k, { tool_calls: [d] }, lp, null));
+        lp = null;
+      }
+      return out;
+    };
+    const constrained = req.tools?.mode === "constrained";
     return streamRuns(c, runs, abort, {
-      start: (k) => chunk(k, { role: "assistant", content: "" }, null, null),
+      start: (k) => chunk(k, { role: "assistant", content: constrained ? null : "" }, null, null),
       token: (k, ev) => {
-        if (ev.text === "" && !req.logprobs) return null;
         const lp = req.logprobs ? { content: [chatLogprob(engine, ev)], refusal: null } : null;
-        return chunk(k, { content: ev.text }, lp, null);
+        return chunks(k, outputs[k].push(ev.text), lp);
       },
-      finish: (k, r) => ({ ...chunk(k, {}, null, r.finishReason), ...sessionOf(req.sessionId, r) }),
+      finish: (k, r) => [
+        ...chunks(k, outputs[k].end(), null),
+        { ...chunk(k, {}, null, finishOf(r, called[k])), ...sessionOf(req.sessionId, r) },
+      ],
       usage: (results) =>
         req.includeUsage
           ? { ...head("chat.completion.chunk"), choices: [], usage: usageOf(prompts, results) }

@@ -57,6 +57,7 @@ export function completionsRoutes(ctx: ServerContext): Hono {
       sessionId: req.sessionId,
       speculation: req.speculation,
       tenant: requestTenant(c),
+      constraint: req.constraint,
       signal: abort.signal,
     });
     const head = {

@@ -5,6 +5,7 @@
 import type { Context } from "hono";
 import { streamSSE } from "hono/streaming";
 import type {
+  Constraint,
   GenerateRequest,
   GenerationResult,
   SamplingOptions,
@@ -92,6 +93,8 @@ export interface RequestScope {
   tenant?: string;
   /** false: the request opts out of speculative decoding. */
   speculation?: boolean;
+  /** The output must match this (`response_format`, a required tool call). */
+  constraint?: Constraint;
 }
 
 /**
@@ -110,6 +113,7 @@ export function engineRequest(
     ...(sessionId === undefined ? {} : { sessionId: engineSessionId(tenant, sessionId) }),
     ...(tenant === undefined ? {} : { tenant }),
     ...(scope.speculation === false ? { speculation: false } : {}),
+    ...(scope.constraint ? { constraint: scope.constraint } : {}),
   };
 }
 
@@ -237,12 +241,15 @@ export function sessionOf(sessionId: string | undefined, result: RunResult | und
   return { session: { id: sessionId, persisted_at_ms: result?.persistedAt ?? null } };
 }
 
-/** How an endpoint renders its SSE chunks; a null chunk is not sent. */
+/** Chunks to send: one, several in order, or none (null). */
+export type Chunks = object | object[] | null;
+
+/** How an endpoint renders its SSE chunks. */
 export interface ChunkRenderer {
   /** Before the first token of choice k (chat: the role delta; completions: echo). */
-  start(k: number): object | null;
-  token(k: number, ev: TokenEvent): object | null;
-  finish(k: number, result: RunResult): object;
+  start(k: number): Chunks;
+  token(k: number, ev: TokenEvent): Chunks;
+  finish(k: number, result: RunResult): Chunks;
   /** After every choice finished (the usage chunk), or null. */
   usage(results: RunResult[]): object | null;
 }
@@ -262,8 +269,11 @@ export function streamRuns(
   return streamSSE(c, async (stream) => {
     stream.onAbort(() => abort.abort());
     const unwatch = watchClient(c, abort);
-    const send = (chunk: object | null) =>
-      chunk ? stream.writeSSE({ data: JSON.stringify(chunk) }) : Promise.resolve();
+    const send = async (chunks: Chunks) => {
+      for (const chunk of Array.isArray(chunks) ? chunks : chunks ? [chunks] : []) {
+        await stream.writeSSE({ data: JSON.stringify(chunk) });
+      }
+    };
     try {
       const results = await Promise.all(runs.map(async (run, k) => {
         await send(render.start(k));

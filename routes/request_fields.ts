@@ -27,24 +27,27 @@ const COMMON = [
   "logprobs",
   "session_id",
   "speculation",
+  "response_format",
+  "logit_bias",
 ];
+
+/** Chat fields besides the common ones (the WebSocket's `start` takes them too). */
+const CHAT = ["messages", "top_logprobs", "continue_final_message", "add_generation_prompt"];
 
 /** The fields each endpoint takes. */
 export const REQUEST_FIELDS = {
   "/v1/completions": [...COMMON, "prompt", "echo", "best_of", "suffix"],
-  "/v1/chat/completions": [...COMMON, "messages", "top_logprobs"],
-  "/v1/chat/ws": [...COMMON, "messages", "top_logprobs", "type", "id"],
+  "/v1/chat/completions": [...COMMON, ...CHAT, "tools", "tool_choice", "parallel_tool_calls"],
+  "/v1/chat/ws": [...COMMON, ...CHAT, "type", "id"],
 } as const;
+
+/** Fields the chat endpoint takes that the WebSocket does not, and why. */
+const NOT_OVER_WS = "the WebSocket streams text only; use POST /v1/chat/completions for tools";
 
 /** OpenAI fields strata does not implement, and what to do instead. */
 const NOT_IMPLEMENTED: Record<string, string> = {
-  response_format: "structured output is not implemented yet; ask for JSON in the prompt",
-  tools: "tool calls are not implemented yet; describe the tools in the prompt",
-  tool_choice: "tool calls are not implemented yet; leave tool_choice out",
-  parallel_tool_calls: "tool calls are not implemented yet; leave parallel_tool_calls out",
-  functions: "function calls are not implemented; leave functions out",
-  function_call: "function calls are not implemented; leave function_call out",
-  logit_bias: "logit_bias is not implemented yet; leave it out",
+  functions: "functions (deprecated by OpenAI) are not implemented; send them as tools",
+  function_call: "function_call (deprecated by OpenAI) is not implemented; use tool_choice",
   prediction: "predicted outputs are not taken; strata drafts from the text itself (speculation)",
   audio: "audio output is not supported; leave audio out",
   modalities: "strata generates text only; leave modalities out",
@@ -63,7 +66,10 @@ export function checkFields(body: Body, endpoint: keyof typeof REQUEST_FIELDS): 
   const known: readonly string[] = REQUEST_FIELDS[endpoint];
   for (const key of Object.keys(body)) {
     if (known.includes(key)) continue;
-    const why = NOT_IMPLEMENTED[key];
+    const why = NOT_IMPLEMENTED[key] ??
+      (endpoint === "/v1/chat/ws" && REQUEST_FIELDS["/v1/chat/completions"].includes(key as never)
+        ? NOT_OVER_WS
+        : undefined);
     if (why) throw badRequest(key, `${key}: ${why}`, "unsupported_parameter");
     throw badRequest(
       key,

@@ -1,7 +1,7 @@
 /**
  * `POST /v1/tokenize` and `POST /v1/detokenize`: the served model's tokenizer over HTTP, as
- * llama.cpp's server offers it at `/tokenize` and `/detokenize`. Mounted under `/v1` so that the
- * API key and the body limit of every other `/v1` route apply to them too.
+ * llama.cpp's server offers it at `/tokenize` and `/detokenize` (which answer the same: the app
+ * gives them the API key and the body limit of the `/v1` routes).
  *
  *   POST /v1/tokenize   {"content": "Hello"}     → {"tokens": [1, 15043]}
  *   POST /v1/detokenize {"tokens": [1, 15043]}   → {"content": "<s> Hello"}
@@ -17,8 +17,8 @@ import { checkModel } from "./validate.ts";
 
 /** The fields each route takes; any other is refused, so a misspelt option is not ignored. */
 const FIELDS = {
-  "/v1/tokenize": ["content", "add_special_tokens", "model"],
-  "/v1/detokenize": ["tokens", "model"],
+  "/tokenize": ["content", "add_special_tokens", "model"],
+  "/detokenize": ["tokens", "model"],
 } as const;
 
 /**
@@ -26,19 +26,22 @@ const FIELDS = {
  *
  * @throws {ApiError} 400 `unknown_parameter`, `param` the field
  */
-function onlyKnownFields(body: Body, route: keyof typeof FIELDS): void {
+function onlyKnownFields(body: Body, route: keyof typeof FIELDS, base: string): void {
   const known: readonly string[] = FIELDS[route];
   const unknown = Object.keys(body).find((k) => !known.includes(k));
   if (unknown === undefined) return;
   throw badRequest(
     unknown,
-    `unknown field "${unknown}"; ${route} takes ${known.map((k) => `"${k}"`).join(", ")}`,
+    `unknown field "${unknown}"; ${base}${route} takes ${known.map((k) => `"${k}"`).join(", ")}`,
     "unknown_parameter",
   );
 }
 
-/** The `/v1/tokenize` and `/v1/detokenize` sub-app; mount it at `/v1`. */
-export function tokenizeRoutes(engine: EngineLike): Hono {
+/**
+ * The `tokenize` and `detokenize` sub-app; mount it at `base` (`/v1`, or `/` for llama.cpp's
+ * paths, which answer the same).
+ */
+export function tokenizeRoutes(engine: EngineLike, base: "/v1" | "" = "/v1"): Hono {
   const postOnly = (path: string) => (c: { req: { method: string } }) => {
     throw new ApiError(405, `${c.req.method} is not allowed here; use POST ${path}`, {
       code: "method_not_allowed",
@@ -48,7 +51,7 @@ export function tokenizeRoutes(engine: EngineLike): Hono {
   return new Hono()
     .post("/tokenize", async (c) => {
       const body = await readJson(c);
-      onlyKnownFields(body, "/v1/tokenize");
+      onlyKnownFields(body, "/tokenize", base);
       checkModel(engine, body);
       // encode() adds what the tokenizer's config says (a BOS, say): add_special_tokens: true,
       // so that value is accepted and false, which it cannot do, is refused.
@@ -71,10 +74,10 @@ export function tokenizeRoutes(engine: EngineLike): Hono {
       }
       return c.json({ tokens: await engine.tokenize(content) });
     })
-    .all("/tokenize", postOnly("/v1/tokenize"))
+    .all("/tokenize", postOnly(`${base}/tokenize`))
     .post("/detokenize", async (c) => {
       const body = await readJson(c);
-      onlyKnownFields(body, "/v1/detokenize");
+      onlyKnownFields(body, "/detokenize", base);
       checkModel(engine, body);
       const tokens = body.tokens;
       if (!Array.isArray(tokens)) {
@@ -95,11 +98,11 @@ export function tokenizeRoutes(engine: EngineLike): Hono {
           throw badRequest(
             "tokens",
             `tokens[${i}] is ${id}, which is not in the vocabulary of "${engine.modelId}"; ` +
-              "send ids that /v1/tokenize returns",
+              `send ids that ${base}/tokenize returns`,
           );
         }
       });
       return c.json({ content: await engine.detokenize(tokens) });
     })
-    .all("/detokenize", postOnly("/v1/detokenize"));
+    .all("/detokenize", postOnly(`${base}/detokenize`));
 }

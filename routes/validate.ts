@@ -2,9 +2,12 @@
  * Request parsing shared by /v1/completions, /v1/chat/completions and the WebSocket: every
  * field is checked once here and a bad one becomes a 400 naming the field and what to send.
  */
-import type { EngineLike, SamplingOptions } from "../api/types.ts";
+import type { ChatMessage, Constraint, EngineLike, SamplingOptions } from "../api/types.ts";
+import { checkBudget, compileAt, parseLogitBias, parseResponseFormat } from "./constraint.ts";
 import { ApiError, badRequest } from "./errors.ts";
+import { parseMessages } from "./messages.ts";
 import { checkFields } from "./request_fields.ts";
+import { parseTools, type ToolsRequest } from "./tools.ts";
 import {
   type Body,
   boolField,
@@ -35,6 +38,8 @@ export interface CommonRequest {
   sessionId?: string;
   /** false: no speculative decoding for this request (`"speculation": false`). */
   speculation: boolean;
+  /** The output must match this (`response_format`, or a required tool call). */
+  constraint?: Constraint;
 }
 
 /** A parsed /v1/completions request. */
@@ -50,11 +55,13 @@ export interface CompletionRequest extends CommonRequest {
 
 /** A parsed /v1/chat/completions (or WebSocket `start`) request. */
 export interface ChatRequest extends CommonRequest {
-  messages: { role: string; content: string }[];
+  messages: ChatMessage[];
   promptIds: number[];
   maxTokens: number;
   logprobs: boolean;
   topLogprobs: number;
+  /** The request's tools, or null without them. */
+  tools: ToolsRequest | null;
 }
 
 /** Checks that `model` is absent or names the engine's model (404 `model_not_found`). */
@@ -154,19 +161,29 @@ export function samplingFor(
   return { ...req.sampling, maxTokens: req.maxTokens, seed, topLogprobs };
 }
 
+/** Where {@linkcode fitContext}'s prompt and limit sit in the request, for its message. */
+export interface ContextPlace {
+  /** The prompt's field (`prompt`, `messages`, `input`). */
+  param: string;
+  /** How the message names the prompt (default `param`, e.g. "prompt 2"). */
+  what?: string;
+  /** The limit's field (default `max_tokens`). */
+  limit?: string;
+}
+
 /**
  * Resolves max_tokens against the context: absent means "up to the context" (chat) and an
  * explicit value must fit with the prompt.
  *
- * @throws {ApiError} 400 `context_length_exceeded` naming `param`
+ * @throws {ApiError} 400 `context_length_exceeded` naming the prompt's field
  */
 export function fitContext(
   engine: EngineLike,
   promptTokens: number,
   maxTokens: number | undefined,
-  param: string,
-  what = param,
+  place: ContextPlace,
 ): number {
+  const { param, what = param, limit = "max_tokens" } = place;
   const ctx = engine.contextLength;
   if (maxTokens === undefined) {
     if (promptTokens < ctx) return ctx - promptTokens;
@@ -180,11 +197,11 @@ export function fitContext(
   if (promptTokens + maxTokens <= ctx) return maxTokens;
   // Name a value that helps: a max_tokens that fits, or, when none does, a prompt length.
   const fix = promptTokens < ctx
-    ? `lower max_tokens to ${ctx - promptTokens} or less, or shorten the ${param}`
+    ? `lower ${limit} to ${ctx - promptTokens} or less, or shorten the ${param}`
     : `the ${param} alone is too long: shorten it to ${ctx - 1} tokens or fewer`;
   throw new ApiError(
     400,
-    `${what} is ${promptTokens} tokens and max_tokens is ${maxTokens}: ` +
+    `${what} is ${promptTokens} tokens and ${limit} is ${maxTokens}: ` +
       `${promptTokens + maxTokens} tokens, over the model's context of ${ctx} tokens; ${fix}`,
     { param, code: "context_length_exceeded" },
   );
@@ -257,15 +274,16 @@ export async function parseCompletion(
   if (present(body, "suffix") && body.suffix !== "") {
     throw badRequest("suffix", "suffix (fill-in-the-middle) is not supported; leave it out");
   }
+  const logitBias = parseLogitBias(engine, body);
+  if (logitBias) common.sampling.logitBias = logitBias;
+  const format = parseResponseFormat(body);
+  if (format) checkConstrained(common.sampling.stop, "this response_format");
   const maxTokens = common.maxTokens ?? 16;
   prompts.forEach((ids, i) =>
-    fitContext(
-      engine,
-      ids.length,
-      maxTokens,
-      "prompt",
-      prompts.length > 1 ? `prompt ${i}` : "prompt",
-    )
+    fitContext(engine, ids.length, maxTokens, {
+      param: "prompt",
+      what: prompts.length > 1 ? `prompt ${i}` : "prompt",
+    })
   );
   const texts = Array.isArray(body.prompt) ? body.prompt : [body.prompt];
   const echoTexts = echo
@@ -275,59 +293,70 @@ export async function parseCompletion(
       ),
     )
     : null;
-  return { ...common, prompts, maxTokens, logprobs, echo: echoTexts };
+  let constraint: Constraint | undefined;
+  if (format) {
+    constraint = await compileAt(engine, format);
+    checkBudget(constraint, maxTokens, "this response_format");
+  }
+  return {
+    ...common,
+    ...(constraint ? { constraint } : {}),
+    prompts,
+    maxTokens,
+    logprobs,
+    echo: echoTexts,
+  };
 }
 
-const ROLES = new Set(["system", "user", "assistant", "developer"]);
-
-function messageContent(m: Body, i: number): string {
-  const c = m.content;
-  if (typeof c === "string") return c;
-  if ((c === null || c === undefined) && m.role === "assistant") return "";
-  const param = `messages[${i}].content`;
-  if (!Array.isArray(c)) {
+/**
+ * The generation prompt and continuing the last message, as vLLM takes them: a final assistant
+ * message is continued unless the request says otherwise; both at once is a 400.
+ */
+export function chatEnds(body: Body, messages: ChatMessage[]) {
+  const last = messages[messages.length - 1];
+  const asked = present(body, "add_generation_prompt");
+  const agpAsked = boolField(body, "add_generation_prompt", true);
+  const cont = boolField(
+    body,
+    "continue_final_message",
+    last.role === "assistant" && !last.tool_calls && !(asked && agpAsked),
+  );
+  const agp = asked ? agpAsked : !cont;
+  if (cont && agp) {
     throw badRequest(
-      param,
-      `${param} must be a string or a list of text parts; got ${describe(c)}`,
+      "continue_final_message",
+      "continue_final_message and add_generation_prompt cannot both be true: the first " +
+        "continues the last message, the second starts a new assistant turn after it",
     );
   }
-  return c.map((part, j) => {
-    const p = part as Body;
-    if (typeof p !== "object" || p === null || p.type !== "text" || typeof p.text !== "string") {
-      throw badRequest(
-        `${param}[${j}]`,
-        `${param}[${j}] must be {"type": "text", "text": "..."} (only text is supported); ` +
-          `got ${describe(part)}`,
-      );
-    }
-    return p.text;
-  }).join("\n");
+  if (cont && last.tool_calls) {
+    throw badRequest(
+      "continue_final_message",
+      "the last message has tool_calls, so it cannot be continued; send its tool results",
+    );
+  }
+  return { continueFinalMessage: cont, addGenerationPrompt: agp };
 }
 
-/** Checks `messages` and returns them as role/content strings ("developer" becomes "system"). */
-export function parseMessages(body: Body): { role: string; content: string }[] {
-  const list = body.messages;
-  if (!Array.isArray(list) || list.length === 0) {
+/**
+ * Refuses what a constrained output cannot have: stop strings (they would cut it) and a
+ * continued message (the constraint covers only the new text).
+ */
+export function checkConstrained(stop: string[], what: string, continued = false): void {
+  if (stop.length > 0) {
     throw badRequest(
-      "messages",
-      'messages must be a non-empty list like [{"role": "user", "content": "Hi"}]; ' +
-        `got ${describe(list)}`,
+      "stop",
+      `stop cannot be used with ${what}: a stop string would cut the output short of what it ` +
+        "must be; leave stop out (the output ends when it is complete)",
     );
   }
-  return list.map((m, i) => {
-    if (typeof m !== "object" || m === null || Array.isArray(m)) {
-      throw badRequest(`messages[${i}]`, `messages[${i}] must be an object; got ${describe(m)}`);
-    }
-    const role = (m as Body).role;
-    if (typeof role !== "string" || !ROLES.has(role)) {
-      throw badRequest(
-        `messages[${i}].role`,
-        `messages[${i}].role must be "system", "user" or "assistant"; got ${describe(role)}`,
-      );
-    }
-    const content = messageContent(m as Body, i);
-    return { role: role === "developer" ? "system" : role, content };
-  });
+  if (continued) {
+    throw badRequest(
+      "continue_final_message",
+      `a continued message cannot be constrained by ${what}: the constraint covers only new ` +
+        "text; send add_generation_prompt: true for a new turn after it, or leave it out",
+    );
+  }
 }
 
 /** Parses a /v1/chat/completions body (also the WebSocket `start` message). */
@@ -346,15 +375,53 @@ export async function parseChat(
   if (present(body, "top_logprobs") && !logprobs) {
     throw badRequest("top_logprobs", "top_logprobs needs logprobs: true");
   }
+  const logitBias = parseLogitBias(engine, body);
+  if (logitBias) common.sampling.logitBias = logitBias;
+  const tools = parseTools(body);
+  const format = parseResponseFormat(body);
+  if (format && tools && tools.mode !== "none") {
+    throw badRequest(
+      "response_format",
+      "response_format with tools is not supported: the reply is either a tool call or text; " +
+        'leave response_format out, or send tool_choice "none"',
+    );
+  }
+  const ends = chatEnds(body, messages);
+  const constrained = tools?.spec ?? format;
+  if (constrained) {
+    const what = tools?.spec ? "a tool_choice that requires a call" : "this response_format";
+    checkConstrained(common.sampling.stop, what, ends.continueFinalMessage);
+  }
   let promptIds: number[];
   try {
-    promptIds = await engine.tokenizeChat(messages);
+    promptIds = await engine.tokenizeChat(messages, {
+      ...ends,
+      ...(tools
+        ? { tools: tools.tools, toolChoice: tools.choice, parallelToolCalls: tools.parallel }
+        : {}),
+    });
   } catch (e) {
     throw badRequest(
       "messages",
       `the model's chat template rejected the messages: ${(e as Error).message}`,
     );
   }
-  const maxTokens = fitContext(engine, promptIds.length, common.maxTokens, "messages");
-  return { ...common, messages, promptIds, maxTokens, logprobs, topLogprobs };
+  const maxTokens = fitContext(engine, promptIds.length, common.maxTokens, {
+    param: "messages",
+  });
+  let constraint: Constraint | undefined;
+  if (constrained) {
+    constraint = await compileAt(engine, constrained);
+    checkBudget(constraint, maxTokens, tools?.spec ? "the tool call" : "this response_format");
+  }
+  return {
+    ...common,
+    ...(constraint ? { constraint } : {}),
+    messages,
+    promptIds,
+    maxTokens,
+    logprobs,
+    topLogprobs,
+    tools,
+  };
 }

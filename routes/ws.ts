@@ -95,7 +95,12 @@ export function wsRoutes(ctx: ServerContext): Hono {
         }
         if (req.n !== 1) throw badRequest("n", "n must be 1 over the WebSocket; start more ids");
         admit(ctx);
-        const scope = { sessionId: req.sessionId, tenant, speculation: req.speculation };
+        const scope = {
+          sessionId: req.sessionId,
+          tenant,
+          speculation: req.speculation,
+          constraint: req.constraint,
+        };
         const sampling = samplingFor(req, req.logprobs ? req.topLogprobs : 0, 0);
         const run = startScoped(ctx, engineRequest(req.promptIds, sampling, scope), scope);
         running.set(id, run);

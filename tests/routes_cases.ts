@@ -217,21 +217,11 @@ export function badRequests(context: number): Bad[] {
       "unknown field",
     ],
     [
-      "response_format, not implemented",
+      "functions, deprecated",
       CHAT,
-      { messages: MSG, response_format: { type: "json_object" } },
+      { messages: MSG, functions: [] },
       400,
-      "response_format",
-      "unsupported_parameter",
-      "structured output",
-    ],
-    ["tools", CHAT, { messages: MSG, tools: [] }, 400, "tools", "unsupported_parameter"],
-    [
-      "logit_bias",
-      C,
-      { prompt: "a", logit_bias: { 5: 1 } },
-      400,
-      "logit_bias",
+      "functions",
       "unsupported_parameter",
     ],
     ["speculation not a boolean", C, { prompt: "a", speculation: "yes" }, 400, "speculation"],
@@ -249,9 +239,18 @@ export function badRequests(context: number): Bad[] {
     ["chat messages string", CHAT, { messages: "hi" }, 400, "messages"],
     ["chat message number", CHAT, { messages: [5] }, 400, "messages[0]"],
     [
-      "chat tool role",
+      "chat tool message answering no call",
       CHAT,
-      { messages: [{ role: "tool", content: "x" }] },
+      { messages: [{ role: "tool", content: "x", tool_call_id: "call_1" }] },
+      400,
+      "messages[0].tool_call_id",
+      undefined,
+      "no earlier assistant message",
+    ],
+    [
+      "chat role function",
+      CHAT,
+      { messages: [{ role: "function", content: "x" }] },
       400,
       "messages[0].role",
     ],
@@ -319,5 +318,267 @@ export function badRequests(context: number): Bad[] {
       "model_not_found",
     ],
     ["chat temperature", CHAT, { messages: MSG, temperature: 3 }, 400, "temperature"],
+    ...parityCases(),
+  ];
+}
+
+/** A schema of `depth` nested `items`. */
+function nested(depth: number): Record<string, unknown> {
+  let s: Record<string, unknown> = { type: "string" };
+  for (let i = 0; i < depth; i++) s = { type: "array", items: s };
+  return s;
+}
+
+const TOOL = {
+  type: "function",
+  function: { name: "get_weather", parameters: { type: "object" } },
+};
+const CALL = { id: "call_1", type: "function", function: { name: "get_weather", arguments: "{}" } };
+
+/** Malformed structured output, logit_bias, tools and prefill requests (none reaches the GPU). */
+function parityCases(): Bad[] {
+  return [
+    [
+      "response_format unknown type",
+      CHAT,
+      { messages: MSG, response_format: { type: "xml" } },
+      400,
+      "response_format.type",
+      "invalid_value",
+      '"xml" is not supported',
+    ],
+    ["response_format string", C, { prompt: "a", response_format: "json" }, 400, "response_format"],
+    [
+      "response_format json_schema without a schema",
+      CHAT,
+      { messages: MSG, response_format: { type: "json_schema", json_schema: { name: "x" } } },
+      400,
+      "response_format.json_schema.schema",
+    ],
+    [
+      "response_format json_schema without a name",
+      CHAT,
+      { messages: MSG, response_format: { type: "json_schema", json_schema: { schema: {} } } },
+      400,
+      "response_format.json_schema.name",
+    ],
+    [
+      "response_format extra field",
+      C,
+      { prompt: "a", response_format: { type: "json_object", schema: {} } },
+      400,
+      "response_format.schema",
+      "unknown_parameter",
+    ],
+    [
+      "response_format regex without a pattern",
+      C,
+      { prompt: "a", response_format: { type: "regex" } },
+      400,
+      "response_format.pattern",
+    ],
+    [
+      "response_format with stop",
+      CHAT,
+      { messages: MSG, response_format: { type: "json_object" }, stop: "}" },
+      400,
+      "stop",
+      undefined,
+      "cut the output",
+    ],
+    [
+      "response_format schema nested too deep",
+      C,
+      {
+        prompt: "a",
+        response_format: { type: "json_schema", json_schema: { name: "x", schema: nested(100) } },
+      },
+      400,
+      "response_format.json_schema.schema",
+      undefined,
+      "nested more than 64 levels",
+    ],
+    [
+      "tool parameters nested too deep",
+      CHAT,
+      {
+        messages: MSG,
+        tools: [{ type: "function", function: { name: "f", parameters: nested(100) } }],
+      },
+      400,
+      "tools[0].function.parameters",
+    ],
+    ["logit_bias list", C, { prompt: "a", logit_bias: [1] }, 400, "logit_bias"],
+    [
+      "logit_bias key not an id",
+      C,
+      { prompt: "a", logit_bias: { the: 1 } },
+      400,
+      "logit_bias",
+      undefined,
+      "token ids",
+    ],
+    [
+      "logit_bias id over the vocabulary",
+      CHAT,
+      { messages: MSG, logit_bias: { 999999: 1 } },
+      400,
+      "logit_bias",
+      undefined,
+      "999999",
+    ],
+    [
+      "logit_bias value out of range",
+      C,
+      { prompt: "a", logit_bias: { 5: 101 } },
+      400,
+      "logit_bias",
+      undefined,
+      "from -100 to 100",
+    ],
+    ["logit_bias value a string", C, { prompt: "a", logit_bias: { 5: "1" } }, 400, "logit_bias"],
+    ["tools on completions", C, { prompt: "a", tools: [TOOL] }, 400, "tools", "unknown_parameter"],
+    ["tools empty", CHAT, { messages: MSG, tools: [] }, 400, "tools"],
+    [
+      "tools of another type",
+      CHAT,
+      { messages: MSG, tools: [{ type: "web_search" }] },
+      400,
+      "tools[0].type",
+      undefined,
+      '"web_search" is not supported',
+    ],
+    [
+      "tool name with a space",
+      CHAT,
+      { messages: MSG, tools: [{ type: "function", function: { name: "get weather" } }] },
+      400,
+      "tools[0].function.name",
+    ],
+    [
+      "tools named twice",
+      CHAT,
+      { messages: MSG, tools: [TOOL, TOOL] },
+      400,
+      "tools[1].function.name",
+      undefined,
+      "used twice",
+    ],
+    [
+      "tool parameters not an object",
+      CHAT,
+      { messages: MSG, tools: [{ type: "function", function: { name: "f", parameters: "x" } }] },
+      400,
+      "tools[0].function.parameters",
+    ],
+    ["tool_choice without tools", CHAT, { messages: MSG, tool_choice: "auto" }, 400, "tool_choice"],
+    [
+      "parallel_tool_calls without tools",
+      CHAT,
+      { messages: MSG, parallel_tool_calls: false },
+      400,
+      "parallel_tool_calls",
+    ],
+    [
+      "tool_choice any",
+      CHAT,
+      { messages: MSG, tools: [TOOL], tool_choice: "any" },
+      400,
+      "tool_choice",
+    ],
+    [
+      "tool_choice names another function",
+      CHAT,
+      {
+        messages: MSG,
+        tools: [TOOL],
+        tool_choice: { type: "function", function: { name: "nope" } },
+      },
+      400,
+      "tool_choice.function.name",
+      undefined,
+      '"nope"',
+    ],
+    [
+      "tools with response_format",
+      CHAT,
+      { messages: MSG, tools: [TOOL], response_format: { type: "json_object" } },
+      400,
+      "response_format",
+    ],
+    [
+      "assistant tool call without an id",
+      CHAT,
+      { messages: [MSG[0], { role: "assistant", tool_calls: [{ ...CALL, id: "" }] }] },
+      400,
+      "messages[1].tool_calls[0]",
+    ],
+    [
+      "assistant tool call arguments not text",
+      CHAT,
+      {
+        messages: [MSG[0], {
+          role: "assistant",
+          tool_calls: [{ ...CALL, function: { name: "f", arguments: {} } }],
+        }],
+      },
+      400,
+      "messages[1].tool_calls[0].function.arguments",
+    ],
+    [
+      "tool message without tool_call_id",
+      CHAT,
+      {
+        messages: [MSG[0], { role: "assistant", tool_calls: [CALL] }, {
+          role: "tool",
+          content: "sunny",
+        }],
+      },
+      400,
+      "messages[2].tool_call_id",
+      undefined,
+      "is required",
+    ],
+    [
+      "a message field nobody takes",
+      CHAT,
+      { messages: [{ role: "user", content: "hi", tool_call_id: "x" }] },
+      400,
+      "messages[0].tool_call_id",
+      "unknown_parameter",
+    ],
+    [
+      "continue_final_message with add_generation_prompt",
+      CHAT,
+      {
+        messages: [MSG[0], { role: "assistant", content: "Hel" }],
+        continue_final_message: true,
+        add_generation_prompt: true,
+      },
+      400,
+      "continue_final_message",
+      undefined,
+      "cannot both be true",
+    ],
+    [
+      "continuing a message with tool_calls",
+      CHAT,
+      {
+        messages: [MSG[0], { role: "assistant", tool_calls: [CALL] }],
+        continue_final_message: true,
+      },
+      400,
+      "continue_final_message",
+    ],
+    [
+      "continuing a constrained message",
+      CHAT,
+      {
+        messages: [MSG[0], { role: "assistant", content: '{"a"' }],
+        response_format: { type: "json_object" },
+      },
+      400,
+      "continue_final_message",
+    ],
   ];
 }

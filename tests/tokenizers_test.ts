@@ -26,6 +26,26 @@ Deno.test("tokenizers: workers give what this thread gives, short or long", asyn
     }
     const chat = [{ role: "system", content: long }, { role: "user", content: "Summarise it." }];
     assert.deepEqual(await t.encodeChat(chat), tok.encodeChat(chat));
+    // Tools, tool messages and a continued last message travel to the worker too.
+    const call = { id: "c1", type: "function" as const, function: { name: "f", arguments: "{}" } };
+    const tooled = [
+      ...chat,
+      { role: "assistant", content: "", tool_calls: [call] },
+      { role: "tool", content: "done", tool_call_id: "c1", name: "f" },
+      { role: "assistant", content: "So" },
+    ];
+    const options = {
+      tools: [{ type: "function" as const, function: { name: "f", description: long } }],
+      toolChoice: "required" as const,
+      continueFinalMessage: true,
+    };
+    const want = tok.encodeChat(tooled, options);
+    assert.deepEqual(await t.encodeChat(tooled, options), want);
+    assert.ok(
+      tok.decode(want).endsWith(
+        "Result of the function f (call c1):\ndone<|im_end|>\n<|im_start|>assistant\nSo",
+      ),
+    );
     const ids = tok.encode(long);
     assert.ok(ids.length > INLINE_IDS);
     assert.equal(await t.decode(ids), tok.decode(ids));

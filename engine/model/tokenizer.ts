@@ -4,14 +4,18 @@
  */
 import { Tokenizer } from "@huggingface/tokenizers";
 import { Template } from "@huggingface/jinja";
+import type { ChatMessage, ChatRenderOptions } from "../../api/types.ts";
+import { templateChat, templateKnowsTools } from "./chat_tools.ts";
 import { tokenIds } from "./config.ts";
 import type { ModelFolder } from "./folder.ts";
 
-/** One chat message. */
-export interface ChatMessage {
-  role: string;
-  content: string;
-}
+export type { ChatMessage } from "../../api/types.ts";
+
+/**
+ * Stands in for the content of a message to be continued: what the template writes before it is
+ * the prompt's start (a template may trim or wrap content, never this).
+ */
+const CONTINUE_MARK = "\uE000strata-continue\uE000";
 
 /** Options for {@linkcode TextTokenizer.encode}. */
 export interface EncodeOptions {
@@ -26,11 +30,12 @@ export interface DecodeOptions {
   cleanUp?: boolean;
 }
 
-/** Options for {@linkcode TextTokenizer.applyChatTemplate}. */
-export interface ChatTemplateOptions {
-  /** Append the assistant turn header (default true). */
-  addGenerationPrompt?: boolean;
-  /** Extra template variables (e.g. `tools`). */
+/**
+ * Options for {@linkcode TextTokenizer.applyChatTemplate}: tools, the generation prompt and
+ * continuing the last message (api/types.ts), and extra template variables.
+ */
+export interface ChatTemplateOptions extends ChatRenderOptions {
+  /** Extra template variables. */
   extra?: Record<string, unknown>;
 }
 
@@ -144,30 +149,55 @@ export class TextTokenizer {
     return this.decode([id], { cleanUp: false });
   }
 
+  /** Whether the chat template takes `tools` (else strata writes them out: chat_tools.ts). */
+  get templateKnowsTools(): boolean {
+    return templateKnowsTools(this.#templateSource());
+  }
+
   /**
-   * Renders the chat with tokenizer_config.json's `chat_template`, passing `messages`,
-   * `add_generation_prompt`, `bos_token`, `eos_token` and `raise_exception` as HF does.
+   * Renders the chat with tokenizer_config.json's `chat_template`, passing `messages`, `tools`,
+   * `add_generation_prompt`, `bos_token`, `eos_token` and `raise_exception` as HF does (tools
+   * and tool messages as engine/model/chat_tools.ts says). With `continueFinalMessage` the text
+   * ends with the last message's content, open, as transformers' `continue_final_message`.
    *
-   * @throws when the tokenizer has no chat template, or the template raises
+   * @throws when the tokenizer has no chat template, the template raises, or the last message
+   *   to be continued is not rendered
    */
   applyChatTemplate(messages: ChatMessage[], options: ChatTemplateOptions = {}): string {
-    this.#template ??= new Template(this.#templateSource());
+    const source = this.#templateSource();
+    this.#template ??= new Template(source);
     const special: Json = {};
     for (const key of ["bos_token", "eos_token", "unk_token", "pad_token"]) {
       const v = tokenContent(this.tokenizerConfig[key]);
       if (v !== undefined) special[key] = v;
     }
+    const cont = options.continueFinalMessage ?? false;
+    const last = messages.at(-1);
+    if (cont && !last) throw new Error("there is no final message to continue");
+    const shown = cont
+      ? [...messages.slice(0, -1), { ...last!, content: CONTINUE_MARK }]
+      : messages;
+    const chat = templateChat(shown, options, templateKnowsTools(source));
+    let text: string;
     // @huggingface/jinja defines raise_exception (and strftime_now, range) itself.
     try {
-      return this.#template.render({
+      text = this.#template.render({
         ...special,
         ...options.extra,
-        messages,
-        add_generation_prompt: options.addGenerationPrompt ?? true,
+        ...chat,
+        add_generation_prompt: options.addGenerationPrompt ?? !cont,
       });
     } catch (e) {
       throw new Error(`chat template error: ${(e as Error).message}`);
     }
+    if (!cont) return text;
+    const at = text.lastIndexOf(CONTINUE_MARK);
+    if (at < 0) {
+      throw new Error(
+        "the chat template does not write the final message's content, so it cannot be continued",
+      );
+    }
+    return text.slice(0, at) + last!.content;
   }
 
   /** Token ids of a rendered chat (the template supplies BOS, so no special tokens are added). */

@@ -17,6 +17,8 @@
  * mirror (as of the worker's last message).
  */
 import type {
+  ChatMessage,
+  ChatRenderOptions,
   Constraint,
   ConstraintSpec,
   EngineLike,
@@ -146,8 +148,8 @@ export class WorkerEngine implements EngineLike {
     return this.#tokenizer.encode(text);
   }
 
-  encodeChat(messages: { role: string; content: string }[]): number[] {
-    return this.#tokenizer.encodeChat(messages);
+  encodeChat(messages: ChatMessage[], options?: ChatRenderOptions): number[] {
+    return this.#tokenizer.encodeChat(messages, options);
   }
 
   decode(ids: number[]): string {
@@ -158,8 +160,8 @@ export class WorkerEngine implements EngineLike {
     return this.#tokenizers.encode(text);
   }
 
-  tokenizeChat(messages: { role: string; content: string }[]): Promise<number[]> {
-    return this.#tokenizers.encodeChat(messages);
+  tokenizeChat(messages: ChatMessage[], options?: ChatRenderOptions): Promise<number[]> {
+    return this.#tokenizers.encodeChat(messages, options);
   }
 
   detokenize(ids: number[]): Promise<string> {

@@ -4,9 +4,9 @@
  * other client for a second; and compiles constraints (engine/constraints.ts), which takes
  * milliseconds to a second.
  */
-import { type ChatMessage, TextTokenizer } from "../model/tokenizer.ts";
+import { TextTokenizer } from "../model/tokenizer.ts";
 import type { ModelFolder } from "../model/folder.ts";
-import type { ConstraintSpec } from "../../api/types.ts";
+import type { ChatMessage, ChatRenderOptions, ConstraintSpec } from "../../api/types.ts";
 import { InvalidRequestError } from "../../api/errors.ts";
 import { ConstraintCompiler } from "../constraints.ts";
 
@@ -16,7 +16,7 @@ export type TokenizerSource = Pick<ModelFolder, "tokenizerJson" | "tokenizerConf
 /** What a worker is asked to do. */
 export type TokenizeWork =
   | { op: "encode"; text: string }
-  | { op: "chat"; messages: ChatMessage[] }
+  | { op: "chat"; messages: ChatMessage[]; options: ChatRenderOptions }
   | { op: "decode"; ids: number[] }
   | { op: "grammar"; spec: ConstraintSpec; path?: string };
 
@@ -56,8 +56,9 @@ scope.onmessage = (e) => {
   try {
     const t = tokenizer!;
     if (m.op === "encode") scope.postMessage({ id: m.id, ids: t.encode(m.text) });
-    else if (m.op === "chat") scope.postMessage({ id: m.id, ids: t.encodeChat(m.messages) });
-    else if (m.op === "grammar") {
+    else if (m.op === "chat") {
+      scope.postMessage({ id: m.id, ids: t.encodeChat(m.messages, m.options) });
+    } else if (m.op === "grammar") {
       compiler ??= new ConstraintCompiler(t, vocabSize);
       // A copy: the compiler's cache keeps its image, the copy is moved to the other thread.
       const c = compiler.compile(m.spec, m.path);

@@ -4,9 +4,9 @@
  * so a client sending a megabyte of prompt never holds up another's request or `/health`. Each
  * worker holds its own tokenizer; a request goes to the one with the least work waiting.
  */
-import type { ConstraintSpec } from "../../api/types.ts";
+import type { ChatMessage, ChatRenderOptions, ConstraintSpec } from "../../api/types.ts";
 import { InvalidRequestError } from "../../api/errors.ts";
-import type { ChatMessage, TextTokenizer } from "../model/tokenizer.ts";
+import type { TextTokenizer } from "../model/tokenizer.ts";
 import type {
   TokenizeRequest,
   TokenizeResponse,
@@ -54,11 +54,14 @@ export class Tokenizers {
     return this.#ask({ op: "encode", text }, text.length).then((r) => r.ids!);
   }
 
-  /** Token ids of a chat rendered through the model's template. */
-  encodeChat(messages: ChatMessage[]): Promise<number[]> {
-    const size = messages.reduce((n, m) => n + m.content.length, 0);
-    if (size <= INLINE_CHARS) return Promise.resolve(this.tokenizer.encodeChat(messages));
-    return this.#ask({ op: "chat", messages }, size).then((r) => r.ids!);
+  /** Token ids of a chat rendered through the model's template (with tools, see ChatRenderOptions). */
+  encodeChat(messages: ChatMessage[], options: ChatRenderOptions = {}): Promise<number[]> {
+    const size = messages.reduce((n, m) => n + m.content.length, 0) +
+      (options.tools ? JSON.stringify(options.tools).length : 0);
+    if (size <= INLINE_CHARS) {
+      return Promise.resolve().then(() => this.tokenizer.encodeChat(messages, options));
+    }
+    return this.#ask({ op: "chat", messages, options }, size).then((r) => r.ids!);
   }
 
   /** Text of `ids`. */

@@ -22,6 +22,8 @@ import { PROJECTIONS } from "../engine/model/weights.ts";
 import { readBuffer } from "../gpu/device.ts";
 import { decode, isFloatFormat } from "../gpu/dtype.ts";
 import { quantActRef, quantWeightRef } from "../kernels/reference.ts";
+import { quantUnitsRef } from "../kernels/reference_quant.ts";
+import { hasDot4 } from "../kernels/matmul_q8.ts";
 import type { WeightBuffer } from "../kernels/weight.ts";
 import { withTestModel } from "../scripts/make_test_model.ts";
 import { writeGguf } from "../scripts/write_gguf.ts";
@@ -76,12 +78,19 @@ async function asRun(engine: Engine, base: ReferenceModel): Promise<ReferenceMod
 }
 
 /**
- * The reference's projections' inputs rounded as the int8 path rounds them (per row, int8) at the
- * positions `quantized` says: where the GPU ran more than 16 rows against int8 W.
+ * The reference's projections' inputs rounded as the int8 paths round them at position t of
+ * layer l: `row` per row (`q8`: more than 16 rows against int8 W), `unit` per 16 k (`small`'s xq:
+ * up to 16 rows), `none` not at all.
  */
-function int8Inputs(quantized: (t: number) => boolean): ForwardOptions {
+function int8Inputs(
+  rounding: (t: number, l: number) => "row" | "unit" | "none",
+): ForwardOptions {
   return {
-    projectionInput: (x, t) => (quantized(t) ? quantActRef(x, 1, x.length).values : x),
+    projectionInput: (x, t, l) => {
+      const r = rounding(t, l);
+      if (r === "row") return quantActRef(x, 1, x.length).values;
+      return r === "unit" ? quantUnitsRef(x, 1, x.length).values : x;
+    },
   };
 }
 
@@ -145,20 +154,28 @@ for (const quantize of ["int8", "e4m3"] as const) {
       const r = rng(5);
       const ids = Array.from({ length: 40 }, () => r.int(ref.config.vocabSize));
       // int8 runs 40 rows (scored) and a 20-token prompt through the q8 path, which quantizes
-      // x too; decode's single rows multiply x as it is.
+      // x per row; decode's single rows go through small, which quantizes x per 16 k where the
+      // adapter has dot4I8Packed (lavapipe and GL do).
       const int8 = quantize === "int8";
-      const scored = await scoreDelta(engine, ref, ids, int8Inputs(() => int8));
+      const decoded = int8 && hasDot4() ? "unit" : "none";
+      const scored = await scoreDelta(engine, ref, ids, int8Inputs(() => int8 ? "row" : "none"));
       const generated = await generateDelta(
         engine,
         ref,
         ids.slice(0, 20),
-        int8Inputs((t) => int8 && t < 20),
+        int8Inputs((t) => !int8 ? "none" : t < 20 ? "row" : decoded),
       );
       // What quantizing x costs, against the reference of the quantized weights alone.
       const weightsOnly = await scoreDelta(engine, ref, ids);
+      const decodeAsIs = await generateDelta(
+        engine,
+        ref,
+        ids.slice(0, 20),
+        int8Inputs((t) => !int8 ? "none" : t < 20 ? "row" : "none"),
+      );
       console.log(
         `${quantize}: max |Δ logprob| scored ${scored}, generated ${generated}; ` +
-          `x multiplied unquantized in the reference: ${weightsOnly}`,
+          `x multiplied unquantized in the reference: scored ${weightsOnly}, decode ${decodeAsIs}`,
       );
       // int8's bound leaves room for an x code the GPU rounded the other way at a near-tie.
       const bound = int8 ? 0.05 : 1e-3;
@@ -248,7 +265,13 @@ Deno.test("precision monitor: a layer forced out of range runs its 16-bit weight
     assert.equal(labels.filter((l) => / int8/.test(l) && /swiglu/.test(l)).length, 2);
     // Generated after the switch: the reference with layer 1 at 16 bits, the others quantized.
     const ref = await asRun(engine, await ReferenceModel.load(await loadModelFolder(dir)));
-    const delta = await generateDelta(engine, ref, prompt.slice(0, 11), int8Inputs(() => false));
+    // An 11-token prompt and single decode rows: all through small (layer 1 at 16 bits: x as is).
+    const delta = await generateDelta(
+      engine,
+      ref,
+      prompt.slice(0, 11),
+      int8Inputs((_, l) => (hasDot4() && l !== 1 ? "unit" : "none")),
+    );
     assert.ok(delta <= 0.05, `|Δ logprob| ${delta}`);
     // What the server says of it.
     const app = createApp(engine, {});

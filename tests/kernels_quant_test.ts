@@ -268,6 +268,10 @@ async function checkQuant(c: QuantCase, seed: number): Promise<void> {
     q8: c.q8,
   });
   if (!c.force) assert.equal(matmulPath(m, w), c.path, `${ds[0].label}: the wrong kernel`);
+  if (c.path === "tiled" && (c.f === "int8" || c.f === "e4m3")) {
+    // 8 codes a slot, the row scales on the sums, where K allows
+    assert.equal(ds[0].label.includes(" qrow"), k % 8 === 0, ds[0].label);
+  }
   assert.ok(ds.some((d) => d.label.includes(` ${c.path} `)), ds.map((d) => d.label).join(", "));
   await run(gpu, ds);
   const got = await readOutputRows(gpu, y0);
@@ -373,6 +377,21 @@ const CASES: QuantCase[] = [
     bias: true,
   })),
   { m: 70, n: 33, k: 96, f: "int8", path: "tiled", force: true, swiglu: true, norm: true },
+  // int8 and e4m3 staged 8 codes a slot, row scales on the sums: K not a multiple of the step
+  // (200), and K % 8 != 0 (100: a word a slot with its scale instead)
+  { m: 20, n: 19, k: 200, f: "e4m3", path: "tiled", bias: true, accumulate: true },
+  { m: 18, n: 21, k: 100, f: "e4m3", path: "tiled", norm: true },
+  {
+    m: 33,
+    n: 70,
+    k: 512,
+    f: "e4m3",
+    path: "tiled",
+    swiglu: true,
+    accumulate: true,
+    norm: true,
+    tiled: { bm: 32, bn: 64, tm: 4, tn: 8, bk: 32, bufs: 2, splits: 3 },
+  },
   {
     m: 33,
     n: 70,

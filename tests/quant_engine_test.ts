@@ -28,6 +28,9 @@ import type { WeightBuffer } from "../kernels/weight.ts";
 import { withTestModel } from "../scripts/make_test_model.ts";
 import { writeGguf } from "../scripts/write_gguf.ts";
 import { createApp } from "../routes/app.ts";
+import { runBench } from "../scripts/bench.ts";
+import { parseFlags } from "../scripts/bench_options.ts";
+import { formatTable } from "../scripts/bench_report.ts";
 import { rng, testGpu } from "./util.ts";
 
 /** The float64 values of a weight as it is on the GPU. */
@@ -380,4 +383,35 @@ Deno.test("CLI: generate, perplexity and bench take --quantize; bad values are r
   const line = JSON.parse(json.stdout.trim().split("\n").at(-1)!);
   assert.equal(line.quantize, "e4m3");
   assert.ok(line.ppl > 1 && line.tokens === 63, JSON.stringify(line));
+});
+
+Deno.test("bench --quantize int8 --quantize-fallback off: every layer quantized, and the table says so", async () => {
+  const gpu = await testGpu();
+  const run = (quantizeFallback?: boolean) =>
+    runBench({
+      shape: "tiny",
+      quantize: "int8",
+      quantizeFallback,
+      batch: [1],
+      promptLen: 8,
+      newTokens: 4,
+      readBytes: 2 ** 20,
+      prefillRuns: 1,
+      gpu,
+    });
+  const off = await run(false);
+  assert.equal(off.quantize_fallback, false);
+  assert.equal(off.layers_16bit, 0);
+  assert.match(formatTable(off), /projections int8, fallback off: every layer at 8 bits; \d+ out/);
+  const on = await run();
+  assert.equal(on.quantize_fallback, true);
+  assert.match(formatTable(on), /projections int8, \d+ layers at 16 bits by the monitor/);
+  await assert.rejects(
+    () => runBench({ shape: "tiny", quantizeFallback: false }),
+    /--quantize-fallback applies with --quantize int8 or e4m3/,
+  );
+  assert.throws(
+    () => parseFlags(["--quantize", "int8", "--quantize-fallback", "no"]),
+    /--quantize-fallback must be on or off; got 'no'/,
+  );
 });

@@ -52,7 +52,7 @@ struct QxParams {
 @group(0) @binding(8) var<storage, read> wq: array<u32>; // codes of the sampled W (SAMPLE)
 @group(0) @binding(9) var<storage, read> live: array<u32>; // slot states or a chunk's words
 
-var<workgroup> red: array<vec4<f32>, WG>;
+var<workgroup> red: array<vec4<f32>, 2u * WG>; // two reductions at once: [0, WG), [WG, 2 WG)
 
 fn q_k() -> u32 {
   return qp.k;
@@ -62,18 +62,27 @@ fn q_rows() -> u32 {
   return qp.wrows;
 }
 
-// Sum (or, with `most`, maximum) of v over the workgroup; call in uniform control flow.
-fn reduce(lid: u32, v: vec4<f32>, most: bool) -> vec4<f32> {
+struct Pair {
+  a: vec4<f32>,
+  b: vec4<f32>,
+}
+
+// Sums of a and of b (with `most`, the maximum of b) over the workgroup, in one tree: a barrier
+// per level for both. Call in uniform control flow.
+fn reduce2(lid: u32, a: vec4<f32>, b: vec4<f32>, most: bool) -> Pair {
   workgroupBarrier();
-  red[lid] = v;
+  red[lid] = a;
+  red[WG + lid] = b;
   for (var s = WG / 2u; s > 0u; s >>= 1u) {
     workgroupBarrier();
     if (lid < s) {
-      red[lid] = select(red[lid] + red[lid + s], max(red[lid], red[lid + s]), most);
+      red[lid] += red[lid + s];
+      let o = red[WG + lid + s];
+      red[WG + lid] = select(red[WG + lid] + o, max(red[WG + lid], o), most);
     }
   }
   workgroupBarrier();
-  return red[0];
+  return Pair(red[0], red[WG]);
 }
 
 // An order-preserving key of v: unsigned order of keys = float order of values.
@@ -185,8 +194,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     most = max(most, vec4<f32>(max(max(a.x, a.y), max(a.z, a.w)),
       max(max(n.x, n.y), max(n.z, n.w)), -min(min(n.x, n.y), min(n.z, n.w)), 0.0));
   }
-  let tot = reduce(lid, sums, false);
-  let top = reduce(lid, most, true);
+  let pass1 = reduce2(lid, sums, most, true);
+  let tot = pass1.a;
+  let top = pass1.b;
   var r = 1.0;
   if (NORM) {
     r = inverseSqrt(tot.x / f32(qp.k) + qp.eps);
@@ -238,15 +248,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   if (!STATS || !counted) {
     return; // uniform: an override, the workgroup's row
   }
-  let e2 = reduce(lid, vec4<f32>(err, 0.0, 0.0, 0.0), false).x;
   var sample_err = 0.0;
   if (sampled) {
-    let ya = reduce(lid, y16a, false);
-    let yb = reduce(lid, y16b, false);
-    let qa = reduce(lid, yqa, false) * row_scales(0u) - ya;
-    let qb = reduce(lid, yqb, false) * row_scales(1u) - yb;
-    sample_err = sqrt((dot(qa, qa) + dot(qb, qb)) / max(dot(ya, ya) + dot(yb, yb), 1e-30));
+    let y = reduce2(lid, y16a, y16b, false);
+    let q = reduce2(lid, yqa, yqb, false);
+    let qa = q.a * row_scales(0u) - y.a;
+    let qb = q.b * row_scales(1u) - y.b;
+    sample_err = sqrt((dot(qa, qa) + dot(qb, qb)) / max(dot(y.a, y.a) + dot(y.b, y.b), 1e-30));
   }
+  let e2 = reduce2(lid, vec4<f32>(err), vec4<f32>(0.0), false).a.x;
   if (lid != 0u) {
     return;
   }

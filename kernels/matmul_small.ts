@@ -114,18 +114,24 @@ const XQ_CPU_BYTES = 2048;
  *   tn 16): 352 workgroups. M = 1: o tk 128, tn 2 (256 workgroups); LM head tk 16, tn 16.
  * - unroll: two units per column in flight (and per loop trip, which costs ~30 ns on an H200)
  *   for rm ≤ 4 and for rm = 8 when it stays 8; one when rm = 8 is narrowed to 4, which measured
- *   slower with two.
+ *   slower with two. 8- and 4-bit W: one where two would cap tk under what the thread aim asks
+ *   (a row of 8-bit codes has half the units of f16: TinyLlama's o at M = 1 would get 64 lanes
+ *   and half of f16's threads), so the aim, which counts 16-byte loads in flight, holds.
  * - kl: 16 threads along each row of W for gate/up (measured faster), 8 otherwise.
+ * - xq: for int8 where the adapter has `dot4I8Packed`; xu then all of K when it fits the
+ *   workgroup memory ({@linkcode xChunk}; {@linkcode smallShape} sizes it for the device).
  */
 export function smallTuning(w: WeightBuffer, opts: SmallTuningOptions): SmallTuning {
   const { m, cols } = opts;
   const rm = Math.min(8, pow2ceil(m));
-  const unroll = rm <= 4 ? 2 : 1;
   const rowTiles = Math.ceil(m / rm);
   const units = w.cols / unitWidth(w.dtype);
-  const most = Math.min(SMALL_GROUP, pow2floor(Math.max(1, units / unroll)));
   const threads = smallThreads(m, w.cols, cols);
-  const tk = Math.max(rm, Math.min(most, pow2ceil((4 * threads) / (cols * rowTiles))));
+  const aim = pow2ceil((4 * threads) / (cols * rowTiles)); // K lanes the thread aim asks for
+  const capped = pow2floor(Math.max(1, units / 2)) < Math.min(SMALL_GROUP, aim);
+  const unroll = rm <= 4 && !(capped && !isFloatFormat(w.dtype)) ? 2 : 1;
+  const most = Math.min(SMALL_GROUP, pow2floor(Math.max(1, units / unroll)));
+  const tk = Math.max(rm, Math.min(most, aim));
   const colGroups = pow2ceil(Math.ceil(cols / 4));
   let best = { tm: 1, tn: 1, cost: Infinity };
   for (let tm = 1; tm <= pow2ceil(rowTiles) && tk * tm <= SMALL_GROUP; tm *= 2) {

@@ -37,10 +37,10 @@ step() {
 }
 
 if want xq; then
-  # Old decode ({"xq": false}) against xq (the default for int8) and xq with one unit per trip
-  # (twice the K lanes where K caps them); f16 rows for reference (xq is a no-op for them). The LM
-  # head lines are f16 in every variant.
-  v='[{"small": {"xq": false}}, {}, {"small": {"unroll": 1}}]'
+  # W decoded in registers ({"xq": false}) against xq (the default for int8), both in the default
+  # launch shape, and xq with two units per trip (where K caps the lanes, int8 takes one now);
+  # f16 rows beside (xq is a no-op for them). The LM head lines are f16 in every variant.
+  v='[{"small": {"xq": false}}, {}, {"small": {"unroll": 2}}]'
   for shape in tinyllama-1.1b llama-7b; do
     step 100 "sweep $shape: int8 small, old decode vs xq, M = 1, 4, 8, 16" \
       run -A --cached-only scripts/sweep_kernels.ts --shape "$shape" --m 1,4,8,16 \

@@ -58,7 +58,7 @@ if want bench; then
     step "$4" "bench $1 --quantize $2 --batch $3" run -A --cached-only scripts/bench.ts \
       --shape "$1" --quantize "$2" $fb --batch "$3" --prompt-len 512 --new-tokens 128 \
       --prefill-runs 2 --out "$out/bench-$1-$2.json" > "$out/bench-$1-$2.txt" 2>&1
-    grep -E "weights|prefill|decode, batch" "$out/bench-$1-$2.txt" | head -6 >> "$out/log.txt"
+    grep -E "weights|prefill|decode, batch" "$out/bench-$1-$2.txt" | head -6 | tee -a "$out/log.txt"
   }
   bench tinyllama-1.1b int8 1,8,32 90
   bench tinyllama-1.1b none 1,8,32 90

@@ -41,10 +41,10 @@
 //
 // XQ (W of signed 8-bit codes: int8, q8_0, q6_k; the adapter has dot4I8Packed): x is quantized
 // too, per unit of 16 k (a scale each: absmax / 127 of x, times nw with NORM), into workgroup
-// memory, by all the workgroup's threads, XU units of each of the tile's rows at a time (a
-// chunk; every chunk but the last is whole loop trips). The loop then reads a unit of x as one
+// memory, by all the workgroup's threads, XU units of each of the tile's rows at a time (a chunk:
+// whole loop trips where the workgroup memory allows). The loop then reads a unit of x as one
 // vec4<u32> of codes and its scale, and per column does 4 dot4I8Packed (16 multiply-adds, exact
-// i32), one conversion to f32 (through 1.5 * 2^23: |sum| <= 16 * 127 * 127 < 2^22) and one
+// i32), one conversion to f32 (through 1.5 * 2^23: |sum| <= 16 * 128 * 127 < 2^22) and one
 // multiply-add by the unit's x scale (times the column's group scale for q8_0 and q6_k): about a
 // quarter of an operation per weight and row of x, where the decode above costs about 4 per
 // weight and 1 per weight and row. The staging costs about 7 operations per element of x, once

@@ -20,9 +20,10 @@
  *   (kernels/quant_x.ts, the norm folded in there), `dot4I8Packed` with i32 sums.
  *
  * Quantized W (kernels/quant.ts: int8, e4m3, the GGUF types) runs in `small` up to 16 rows
- * (decoded in registers: the bytes are what bounds decode), then in `q8` (int8, where the adapter
- * has `dot4I8Packed`) or `tiled` (every format: decoded as it is staged), and in `naive` where K
- * does not fit `small`'s units.
+ * (the bytes are what bounds decode; int8 with x quantized per 16 k in the workgroup and
+ * `dot4I8Packed` where the adapter has it, the other formats decoded in registers), then in `q8`
+ * (int8, where the adapter has `dot4I8Packed`) or `tiled` (every format: decoded as it is
+ * staged), and in `naive` where K does not fit `small`'s units.
  *
  * Each kernel has two optional fusions that save dispatches in a decoder layer:
  *
@@ -51,7 +52,7 @@ import {
   matmulPipeline,
   type SplitDispatch,
 } from "./matmul_common.ts";
-import { smallDispatch, type SmallTuning, unitWidth } from "./matmul_small.ts";
+import { smallDispatch, smallShape, type SmallTuning, unitWidth } from "./matmul_small.ts";
 import { ROWS_WIDE, rowsDispatch, type RowsTuning } from "./matmul_rows.ts";
 import { tiledDispatch, type TiledTuning } from "./matmul_tiled.ts";
 import { naiveDispatch } from "./matmul_naive.ts";
@@ -96,7 +97,10 @@ export interface MatmulOptions {
   yOffset?: number;
   /** Force a kernel (tests and benchmarks); default {@linkcode matmulPath}. */
   path?: MatmulPath;
-  /** Override the `small` launch shape (benchmarks), merged over `smallTuning`'s. */
+  /**
+   * Override the `small` launch shape (benchmarks), merged over `smallTuning`'s, e.g.
+   * `{ xq: false }` for int8 W decoded in registers against f32 x.
+   */
   small?: Partial<SmallTuning>;
   /**
    * Override the `tiled` launch shape (benchmarks), merged over `tiledTuning`'s choice, e.g.
@@ -227,11 +231,18 @@ export function matmulDispatches(
     const tail = q.split ? [reduceDispatch(gpu, launch, q.dispatch.label, q.split)] : [];
     return [q.quant, q.dispatch, ...tail];
   }
-  // The monitor's measurement, before the product, of the input as the product sees it.
+  const small = path === "small" ? smallShape(gpu, launch, opts.small) : undefined;
+  // The monitor's measurement, before the product, of the input as the product sees it (small's
+  // xq: x rounded to int8 per 16 k).
   const measured = measure
-    ? [quantXDispatch(gpu, { x, normWeight, ...measure }, { m, k, eps: opts.eps })]
+    ? [quantXDispatch(gpu, { x, normWeight, ...measure }, {
+      m,
+      k,
+      eps: opts.eps,
+      unitCodes: small?.xq,
+    })]
     : [];
-  if (path === "small") return [...measured, smallDispatch(gpu, launch, opts.small)];
+  if (small) return [...measured, smallDispatch(gpu, launch, small)];
   if (path === "naive") return [...measured, naiveDispatch(gpu, launch)];
   const { dispatch, split } = path === "rows"
     ? rowsDispatch(gpu, launch, opts.rows)

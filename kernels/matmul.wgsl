@@ -1,6 +1,6 @@
 // matmul_common.wgsl, quant_common.wgsl and matmul_tiled_quant.wgsl (prepended): WDTYPE, NORM,
-// SWIGLU, Params, p, bias, y, cols, col_row, unpack2, store_out, store4; is_quant, fetch_wq,
-// decode_wq (quantized W: one word per slot, decoded as it is staged).
+// SWIGLU, Params, p, bias, y, cols, col_row, unpack2, store_out, store4; is_quant, QROW,
+// fetch_wq, fetch_wrow, decode_wq, scale_cols (quantized W, decoded as it is staged).
 // Tiled matmul for prefill (M > 64 rows): y[m, n] (+)= sum_k x[m, k] * W[n, k] (+ bias[n]).
 //
 // Classic SGEMM register blocking. A workgroup of (BM / TM) x (BN / TN) threads owns a BM x BN
@@ -93,10 +93,10 @@ fn threads() -> u32 {
   return (BM / TM) * (BN / TN);
 }
 
-// Elements of W per slot: 16 bytes of floats, or one word of codes.
+// Elements of W per slot: 16 bytes of floats, or one word of codes (8 codes with QROW).
 fn wk() -> u32 {
   if (is_quant()) {
-    return 32u / q_bits();
+    return select(32u / q_bits(), 8u, QROW);
   }
   return select(8u, 4u, WDTYPE == 0u);
 }
@@ -190,7 +190,11 @@ fn fetch_nw(s: u32, k0: u32) -> vec4<f32> {
 fn fetch_w(s: u32, o: u32, k0: u32) -> vec4<u32> {
   let e = o + k0;
   if (is_quant()) {
-    return fetch_wq(e, k0 + wk() * (s % (BK / wk())));
+    let k = k0 + wk() * (s % (BK / wk()));
+    if (QROW) {
+      return fetch_wrow(e, k);
+    }
+    return fetch_wq(e, k);
   }
   if (ALIGNED) {
     return w[e / wk()];
@@ -554,6 +558,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
   let r0 = m0 + 4u * ty;
   let c0 = n0 + 4u * tx;
+  if (QROW) {
+    acc = scale_cols(acc, c0, c0 + BN / 2u);
+  }
   store(r0, c0, acc.s00, split);
   store(r0 + 1u, c0, acc.s10, split);
   store(r0 + 2u, c0, acc.s20, split);

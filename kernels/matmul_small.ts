@@ -2,14 +2,16 @@
  * The `small` matmul (kernels/matmul_small.wgsl): decode batches and short prompts, a thread
  * holding 4 rows of W × rm rows of x, so each 16-byte load of W is applied to rm rows of x from
  * registers and each load of x to 4 rows of W; many small tiles, K split over the threads of a
- * workgroup and reduced in workgroup memory. Its launch shape comes from first principles
- * ({@linkcode smallTuning}); the sweeps that checked it: docs/kernels.md, "small".
+ * workgroup and reduced in workgroup memory. W of signed 8-bit codes may run with x quantized
+ * per 16 k in workgroup memory and `dot4I8Packed` (`xq`). Its launch shape comes from first
+ * principles ({@linkcode smallTuning}); the sweeps that checked it: docs/kernels.md, "small".
  */
-import type { Gpu } from "../gpu/device.ts";
+import { type Gpu, isCpuAdapter } from "../gpu/device.ts";
 import { isFloatFormat, type WeightFormat } from "../gpu/dtype.ts";
 import { type Dispatch, grid } from "../gpu/dispatch.ts";
 import { elementBytes, type WeightBuffer } from "./weight.ts";
 import { codeBits } from "./quant.ts";
+import { hasDot4 } from "./matmul_q8.ts";
 import {
   at,
   checkWorkgroup,
@@ -41,6 +43,16 @@ export interface SmallTuning {
    * each of its rows) or 16 (two lines); at most `tk` take effect.
    */
   kl: number;
+  /**
+   * x quantized to int8 per unit of 16 k in workgroup memory, products through `dot4I8Packed`
+   * (W of signed 8-bit codes: int8, q8_0, q6_k; default for int8 where the adapter has it).
+   */
+  xq: boolean;
+  /**
+   * With `xq`: units of x per row staged per chunk (default: all of K when it fits the
+   * workgroup memory, else whole loop trips of `unroll · tk` units; {@linkcode xChunk}).
+   */
+  xu: number;
 }
 
 /** Weights per 16-byte load of W ("unit") in the `small` kernel: it needs K a multiple of it. */
@@ -70,7 +82,19 @@ export interface SmallTuningOptions {
   cols: number;
   /** SwiGLU (gate/up) product. */
   swiglu?: boolean;
+  /** Whether the adapter has `dot4I8Packed` (default: whether this Deno's WebGPU does). */
+  dot4?: boolean;
 }
+
+/** Formats whose codes are signed 8-bit integers, which `xq` multiplies with `dot4I8Packed`. */
+const XQ_FORMATS: readonly WeightFormat[] = ["int8", "q8_0", "q6_k"];
+/** Bytes of workgroup memory per staged unit of x with `xq`: 16 of codes, 4 of scale. */
+const XQ_UNIT_BYTES = 20;
+/**
+ * Workgroup memory for the staged x on CPU adapters: llvmpipe's GL compile time grows steeply
+ * with workgroup arrays (docs/kernels.md), and speed there does not matter.
+ */
+const XQ_CPU_BYTES = 2048;
 
 /**
  * Default `small` launch shape for `m` rows of x times `w` (its K and dtype) into `cols`
@@ -90,18 +114,24 @@ export interface SmallTuningOptions {
  *   tn 16): 352 workgroups. M = 1: o tk 128, tn 2 (256 workgroups); LM head tk 16, tn 16.
  * - unroll: two units per column in flight (and per loop trip, which costs ~30 ns on an H200)
  *   for rm ≤ 4 and for rm = 8 when it stays 8; one when rm = 8 is narrowed to 4, which measured
- *   slower with two.
+ *   slower with two. 8- and 4-bit W: one where two would cap tk under what the thread aim asks
+ *   (a row of 8-bit codes has half the units of f16: TinyLlama's o at M = 1 would get 64 lanes
+ *   and half of f16's threads), so the aim, which counts 16-byte loads in flight, holds.
  * - kl: 16 threads along each row of W for gate/up (measured faster), 8 otherwise.
+ * - xq: for int8 where the adapter has `dot4I8Packed`; xu then all of K when it fits the
+ *   workgroup memory ({@linkcode xChunk}; {@linkcode smallShape} sizes it for the device).
  */
 export function smallTuning(w: WeightBuffer, opts: SmallTuningOptions): SmallTuning {
   const { m, cols } = opts;
   const rm = Math.min(8, pow2ceil(m));
-  const unroll = rm <= 4 ? 2 : 1;
   const rowTiles = Math.ceil(m / rm);
   const units = w.cols / unitWidth(w.dtype);
-  const most = Math.min(SMALL_GROUP, pow2floor(Math.max(1, units / unroll)));
   const threads = smallThreads(m, w.cols, cols);
-  const tk = Math.max(rm, Math.min(most, pow2ceil((4 * threads) / (cols * rowTiles))));
+  const aim = pow2ceil((4 * threads) / (cols * rowTiles)); // K lanes the thread aim asks for
+  const capped = pow2floor(Math.max(1, units / 2)) < Math.min(SMALL_GROUP, aim);
+  const unroll = rm <= 4 && !(capped && !isFloatFormat(w.dtype)) ? 2 : 1;
+  const most = Math.min(SMALL_GROUP, pow2floor(Math.max(1, units / unroll)));
+  const tk = Math.max(rm, Math.min(most, aim));
   const colGroups = pow2ceil(Math.ceil(cols / 4));
   let best = { tm: 1, tn: 1, cost: Infinity };
   for (let tm = 1; tm <= pow2ceil(rowTiles) && tk * tm <= SMALL_GROUP; tm *= 2) {
@@ -112,7 +142,48 @@ export function smallTuning(w: WeightBuffer, opts: SmallTuningOptions): SmallTun
   // Wider than deep (QKV, gate/up, LM head): 4 rows of x per thread, the rest as sized for 8.
   const narrow = rm === 8 && cols > w.cols ? 4 : rm;
   const kl = opts.swiglu ? 16 : 8;
-  return { rm: narrow, tm: best.tm, tn: best.tn, tk, unroll: narrow === 8 ? 2 : unroll, kl };
+  const xq = w.dtype === "int8" && (opts.dot4 ?? hasDot4());
+  const t = { rm: narrow, tm: best.tm, tn: best.tn, tk, unroll: narrow === 8 ? 2 : unroll, kl };
+  return { ...t, xq, xu: xq ? xChunk(t, units, 48 * 1024) : 1 };
+}
+
+/**
+ * Units of x per row a chunk of the `xq` loop stages into at most `bytes` of workgroup memory
+ * (the reduction's and the norm's arrays included): all of K when it fits (one chunk, one
+ * staging), else the most whole loop trips (`unroll · tk` units) that fit, else what fits.
+ */
+export function xChunk(
+  t: Pick<SmallTuning, "rm" | "tm" | "tn" | "tk" | "unroll">,
+  units: number,
+  bytes: number,
+): number {
+  const rows = t.rm * t.tm;
+  const fixed = t.tk * t.tn * t.tm * 16 + rows * 4;
+  const most = Math.max(1, Math.floor((bytes - fixed) / (rows * XQ_UNIT_BYTES)));
+  if (units <= most) return units;
+  const trip = t.unroll * t.tk;
+  return most >= trip ? Math.floor(most / trip) * trip : most;
+}
+
+/**
+ * The launch shape a `small` launch of `launch` runs: {@linkcode smallTuning}'s with `tuning`
+ * over it, the chunk of `xq` sized for this device unless given.
+ */
+export function smallShape(
+  gpu: Gpu,
+  launch: Pick<MatmulLaunch, "w" | "m" | "k" | "cols" | "swiglu">,
+  tuning: Partial<SmallTuning> = {},
+): SmallTuning {
+  const { w, m, cols, swiglu } = launch;
+  const t = { ...smallTuning(w, { m, cols, swiglu }), ...tuning };
+  if (tuning.xu === undefined) {
+    const units = launch.k / unitWidth(w.dtype);
+    const most = isCpuAdapter(gpu)
+      ? t.tk * t.tn * t.tm * 16 + t.rm * t.tm * 4 + XQ_CPU_BYTES
+      : gpu.maxWorkgroupStorage;
+    t.xu = t.xq ? xChunk(t, units, most) : 1;
+  }
+  return t;
 }
 
 /**
@@ -128,9 +199,10 @@ function smallThreads(m: number, k: number, cols: number): number {
   return SMALL_THREADS;
 }
 
-function checkSmall(gpu: Gpu, label: string, t: SmallTuning): void {
+function checkSmall(gpu: Gpu, label: string, t: SmallTuning, dtype: WeightFormat): void {
   const threads = t.tk * t.tn * t.tm;
-  const bytes = threads * 16 + t.rm * t.tm * 4; // the reduction array and the 1 / rms factors
+  // the reduction array, the 1 / rms factors, the staged x (one unit per row without xq)
+  const bytes = threads * 16 + t.rm * t.tm * 4 + t.rm * t.tm * t.xu * XQ_UNIT_BYTES;
   if (![1, 2, 4, 8].includes(t.rm)) fail(label, `small rm must be 1, 2, 4 or 8; got ${t.rm}`);
   if (!isPow2(t.tk) || t.tk < t.rm) {
     fail(label, `small tk must be a power of two >= rm (${t.rm}); got ${t.tk}`);
@@ -140,21 +212,35 @@ function checkSmall(gpu: Gpu, label: string, t: SmallTuning): void {
   }
   if (![1, 2, 4].includes(t.unroll)) fail(label, `small unroll must be 1, 2 or 4; got ${t.unroll}`);
   if (t.kl !== 8 && t.kl !== 16) fail(label, `small kl must be 8 or 16; got ${t.kl}`);
+  if (!(Number.isInteger(t.xu) && t.xu >= 1)) fail(label, `small xu must be >= 1; got ${t.xu}`);
+  if (t.xq && !XQ_FORMATS.includes(dtype)) {
+    fail(
+      label,
+      `small xq needs W of 8-bit integer codes (${XQ_FORMATS.join(", ")}); W is ${dtype}`,
+    );
+  }
+  if (t.xq && !hasDot4()) fail(label, "small xq needs dot4I8Packed, which this adapter lacks");
   checkWorkgroup(gpu, label, "small", threads, bytes);
 }
 
-/** The `small` dispatch of `launch`, its shape {@linkcode smallTuning}'s with `tuning` over it. */
-export function smallDispatch(
-  gpu: Gpu,
-  launch: MatmulLaunch,
-  tuning: Partial<SmallTuning> = {},
-): Dispatch {
-  const { label, x, w, y, bias, normWeight, nw, m, k, cols, swiglu } = launch;
-  const t = { ...smallTuning(w, { m, cols, swiglu }), ...tuning };
-  checkSmall(gpu, label, t);
+/** The `small` dispatch of `launch` in shape `t` ({@linkcode smallShape}). */
+export function smallDispatch(gpu: Gpu, launch: MatmulLaunch, t: SmallTuning): Dispatch {
+  const { x, w, y, bias, normWeight, nw, m, k, cols } = launch;
+  const label = launch.label + (t.xq ? " xq" : "");
+  checkSmall(gpu, label, t, w.dtype);
   const groups = grid(Math.ceil(m / (t.rm * t.tm)) * Math.ceil(cols / (4 * t.tn)));
   const pipe = matmulPipeline(gpu, "matmul_small.wgsl", launch, {
-    constants: { K: k, RM: t.rm, TM: t.tm, TN: t.tn, TK: t.tk, UNROLL: t.unroll, KL: t.kl },
+    constants: {
+      K: k,
+      RM: t.rm,
+      TM: t.tm,
+      TN: t.tn,
+      TK: t.tk,
+      UNROLL: t.unroll,
+      KL: t.kl,
+      XQ: t.xq ? 1 : 0,
+      XU: t.xu,
+    },
   });
   const u = matmulUniform(gpu, launch, { groupsX: groups[0] });
   // Exact sizes: the runtime arrays are vec4, and the buffers may be larger than the tensor.

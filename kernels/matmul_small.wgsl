@@ -39,6 +39,17 @@
 // (and, for q4_k, less the group minimum times the sum of x over the unit); formats with one
 // scale per row (int8, e4m3) scale the finished sums instead.
 //
+// XQ (W of signed 8-bit codes: int8, q8_0, q6_k; the adapter has dot4I8Packed): x is quantized
+// too, per unit of 16 k (a scale each: absmax / 127 of x, times nw with NORM), into workgroup
+// memory, by all the workgroup's threads, XU units of each of the tile's rows at a time (a chunk:
+// whole loop trips where the workgroup memory allows). The loop then reads a unit of x as one
+// vec4<u32> of codes and its scale, and per column does 4 dot4I8Packed (16 multiply-adds, exact
+// i32), one conversion to f32 (through 1.5 * 2^23: |sum| <= 16 * 128 * 127 < 2^22) and one
+// multiply-add by the unit's x scale (times the column's group scale for q8_0 and q6_k): about a
+// quarter of an operation per weight and row of x, where the decode above costs about 4 per
+// weight and 1 per weight and row. The staging costs about 7 operations per element of x, once
+// per workgroup: 7 / (4 TN) per weight and row. The first trip's loads of W are issued before it.
+//
 // Requires K % 8 == 0 (16-bit W), K % 4 == 0 (f32 W), K % 16 (8-bit codes) or K % 32 (4-bit),
 // RM in {1, 2, 4, 8}, TK a power of two >= RM, TN and TM powers of two; the wrapper checks and
 // falls back otherwise.
@@ -50,6 +61,8 @@ override TN: u32 = 1u; // column groups of 4: a tile has 4 * TN product columns
 override TK: u32 = 8u; // threads splitting K, a power of two >= RM
 override UNROLL: u32 = 1u; // units per column per loop iteration (loads in flight): 1, 2 or 4
 override KL: u32 = 8u; // adjacent threads along a row of W: 8 or 16 (at most TK take effect)
+override XQ: bool = false; // x quantized per unit in workgroup memory, dot4I8Packed (see above)
+override XU: u32 = 1u; // XQ: units of x per row and chunk
 
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
@@ -57,6 +70,8 @@ override KL: u32 = 8u; // adjacent threads along a row of W: 8 or 16 (at most TK
 
 var<workgroup> red: array<vec4<f32>, TK * TN * TM>; // one entry per thread
 var<workgroup> inv_rms: array<f32, RM * TM>; // 1 / rms of the tile's rows of x (NORM)
+var<workgroup> xw: array<vec4<u32>, RM * TM * XU>; // XQ: codes of a chunk, [row][unit]
+var<workgroup> xsc: array<f32, RM * TM * XU>; // XQ: their scales
 
 // A unit of the thread's 4 columns, widened and transposed: lo[k] holds element k of each
 // column (k = 0..3), hi[k] element 4 + k (16-bit W only); quantized W: the raw words of each
@@ -71,7 +86,7 @@ struct Unit {
 }
 
 // vec4s of x per unit: 1 for f32 W, 2 for 16-bit (8 elements), 4 for 8-bit codes, 8 for 4-bit.
-fn xq() -> u32 {
+fn x_vecs() -> u32 {
   if (is_quant()) {
     return select(4u, 8u, q_bits() == 4u);
   }
@@ -80,7 +95,7 @@ fn xq() -> u32 {
 
 // Units per row of W.
 fn units() -> u32 {
-  return K / (4u * xq());
+  return K / (4u * x_vecs());
 }
 
 // First unit of the row of W behind product column c. Columns past the edge re-read the last
@@ -130,9 +145,9 @@ fn load_unit(rows: vec4<u32>, u: u32) -> Unit {
     t.hi = transpose(mat4x4<f32>(hi4(q0), hi4(q1), hi4(q2), hi4(q3)));
   }
   if (NORM) {
-    t.lo = scale(t.lo, nw[xq() * u]);
+    t.lo = scale(t.lo, nw[x_vecs() * u]);
     if (WDTYPE != 0u) {
-      t.hi = scale(t.hi, nw[xq() * u + 1u]);
+      t.hi = scale(t.hi, nw[x_vecs() * u + 1u]);
     }
   }
   return t;
@@ -153,7 +168,7 @@ fn mac(a: vec4<f32>, t: Unit, i: u32) -> vec4<f32> {
 // the accumulators stay in registers (an array indexed by a loop counter would live in local
 // memory).
 fn mac_rows(acc: ptr<function, array<vec4<f32>, 8>>, t: Unit, u: u32, m0: u32) {
-  let i = xq() * u;
+  let i = x_vecs() * u;
   (*acc)[0] = mac((*acc)[0], t, x_base(m0) + i);
   // @unroll
   for (var r = 1u; r < 8u; r++) {
@@ -166,7 +181,7 @@ fn mac_rows(acc: ptr<function, array<vec4<f32>, 8>>, t: Unit, u: u32, m0: u32) {
 // mac_rows for quantized W: unit u of the 4 columns whose rows of W are `wrow` (their scales),
 // applied to rows m0 .. m0 + RM - 1 of x, a word at a time (see the header).
 fn mac_rows_q(acc: ptr<function, array<vec4<f32>, 8>>, t: Unit, u: u32, m0: u32, wrow: vec4<u32>) {
-  let i = xq() * u;
+  let i = x_vecs() * u;
   var part: array<vec4<f32>, 8>; // this unit's sums per row of x
   var sx: array<f32, 8>; // q4_k: the sum of (normed) x over the unit per row
   // @unroll
@@ -222,7 +237,7 @@ fn mac_rows_q(acc: ptr<function, array<vec4<f32>, 8>>, t: Unit, u: u32, m0: u32,
     }
     return;
   }
-  let g = (u * 4u * xq()) / q_group();
+  let g = (u * 4u * x_vecs()) / q_group();
   let s0 = group_scale(wrow.x, g);
   let s1 = group_scale(wrow.y, g);
   let s2 = group_scale(wrow.z, g);
@@ -233,6 +248,113 @@ fn mac_rows_q(acc: ptr<function, array<vec4<f32>, 8>>, t: Unit, u: u32, m0: u32,
   for (var r = 0u; r < 8u; r++) {
     if (RM > r) {
       (*acc)[r] += sc * part[r] - mn * sx[r];
+    }
+  }
+}
+
+// XQ: four elements of x (already divided by their unit's scale) as int8 codes in one word, k
+// order. Adding 1.5 * 2^23 rounds to the nearest integer, ties to even, and leaves it in the low
+// bits (|v| <= 127 < 2^22): the low byte is the code in two's complement.
+fn code4(v: vec4<f32>) -> u32 {
+  let b = bitcast<vec4<u32>>(v + vec4<f32>(12582912.0)) & vec4<u32>(0xffu);
+  return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
+}
+
+// XQ: units c0 .. c0 + XU - 1 of the tile's rows t0 .. of x into xw / xsc, one unit and row per
+// thread and pass (rows past M re-read the last row; units past K are left as they are, never
+// read). With NORM the unit is x * nw: 1 / rms is a factor of the whole row, applied to the
+// finished sums, and does not change the codes.
+fn stage_x(lid: u32, t0: u32, c0: u32) {
+  for (var i = lid; i < RM * TM * XU; i += TK * TN * TM) {
+    let u = c0 + i % XU;
+    if (u < units()) {
+      let b = x_base(t0 + i / XU) + 4u * u;
+      var v0 = x[b];
+      var v1 = x[b + 1u];
+      var v2 = x[b + 2u];
+      var v3 = x[b + 3u];
+      if (NORM) {
+        v0 *= nw[4u * u];
+        v1 *= nw[4u * u + 1u];
+        v2 *= nw[4u * u + 2u];
+        v3 *= nw[4u * u + 3u];
+      }
+      let a = max(max(abs(v0), abs(v1)), max(abs(v2), abs(v3)));
+      let amax = max(max(a.x, a.y), max(a.z, a.w));
+      let inv = select(0.0, 127.0 / amax, amax > 0.0);
+      xw[i] = vec4<u32>(code4(v0 * inv), code4(v1 * inv), code4(v2 * inv), code4(v3 * inv));
+      xsc[i] = amax * (1.0 / 127.0);
+    }
+  }
+}
+
+// The exact sum of the 16 products of a unit of W codes and a unit of x codes.
+fn dot16(w4: vec4<u32>, x4: vec4<u32>) -> i32 {
+  return dot4I8Packed(w4.x, x4.x) + dot4I8Packed(w4.y, x4.y) + dot4I8Packed(w4.z, x4.z) +
+    dot4I8Packed(w4.w, x4.w);
+}
+
+// i32 sums below 2^22 in magnitude as f32, exactly, without a conversion instruction (a quarter
+// of the FMA rate on NVIDIA): 1.5 * 2^23 + d has d in its low bits.
+fn i2f(d: vec4<i32>) -> vec4<f32> {
+  return bitcast<vec4<f32>>(bitcast<vec4<u32>>(d) + vec4<u32>(0x4b400000u)) -
+    vec4<f32>(12582912.0);
+}
+
+// mac_rows for XQ: unit u (entry j of the staged chunk) of the 4 columns whose rows of W are
+// `wrow`, against the thread's RM staged rows of x from row mg * RM of the tile.
+fn mac_rows_x(acc: ptr<function, array<vec4<f32>, 8>>, t: Unit, u: u32, j: u32, mg: u32,
+  wrow: vec4<u32>) {
+  var sc = vec4<f32>(1.0); // per-row formats: the row scales come last
+  if (q_group() != 0u) {
+    let g = (u * 16u) / q_group();
+    sc = vec4<f32>(group_scale(wrow.x, g).x, group_scale(wrow.y, g).x,
+      group_scale(wrow.z, g).x, group_scale(wrow.w, g).x);
+  }
+  // @unroll
+  for (var r = 0u; r < 8u; r++) {
+    if (RM > r) {
+      let i = (mg * RM + r) * XU + j;
+      let xv = xw[i];
+      let d = vec4<i32>(dot16(t.q0, xv), dot16(t.q1, xv), dot16(t.q2, xv), dot16(t.q3, xv));
+      (*acc)[r] += (xsc[i] * sc) * i2f(d);
+    }
+  }
+}
+
+// XQ: the K loop, chunk by chunk (see the header).
+fn loop_xq(acc: ptr<function, array<vec4<f32>, 8>>, lid: u32, kj: u32, t0: u32, mg: u32,
+  rows: vec4<u32>, wrow: vec4<u32>) {
+  for (var c0 = 0u; c0 < units(); c0 += XU) {
+    let end = min(c0 + XU, units());
+    // The first trip's units, in flight while the chunk of x is staged.
+    var ld: array<Unit, 4>;
+    var u = c0 + kj;
+    // @unroll
+    for (var q = 0u; q < 4u; q++) {
+      if (UNROLL > q) {
+        ld[q] = load_unit(rows, min(u + q * TK, units() - 1u));
+      }
+    }
+    workgroupBarrier(); // the last chunk's codes are no longer read
+    stage_x(lid, t0, c0);
+    workgroupBarrier();
+    while (u < end) {
+      // @unroll
+      for (var q = 0u; q < 4u; q++) {
+        if (UNROLL > q && u + q * TK < end) {
+          mac_rows_x(acc, ld[q], u + q * TK, u + q * TK - c0, mg, wrow);
+        }
+      }
+      u += UNROLL * TK;
+      if (u < end) {
+        // @unroll
+        for (var q = 0u; q < 4u; q++) {
+          if (UNROLL > q) {
+            ld[q] = load_unit(rows, min(u + q * TK, units() - 1u));
+          }
+        }
+      }
     }
   }
 }
@@ -321,7 +443,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let rows = vec4<u32>(row_base(c0), row_base(c0 + 1u), row_base(c0 + 2u), row_base(c0 + 3u));
   let wrow = rows / units(); // rows of W behind the 4 columns (their scales)
   var acc: array<vec4<f32>, 8>;
-  for (var u = kj; u < units(); u += UNROLL * TK) {
+  if (XQ) {
+    loop_xq(&acc, lid, kj, t0, mg, rows, wrow);
+  }
+  for (var u = kj; u < units() && !XQ; u += UNROLL * TK) {
     // All UNROLL units are loaded before any is applied: UNROLL x 4 loads in flight, and one
     // loop trip (~30 ns of overhead on an H200) per UNROLL units.
     var ld: array<Unit, 4>;

@@ -189,12 +189,21 @@ function tiledBytes(t: TiledTuning): number {
   return t.bufs * t.bk * (t.bm + 4 + t.bn + 4) * 4;
 }
 
-/** Elements of W per staged slot: 16 bytes of floats, or one word of codes. */
-function slotWidth(f: WeightFormat): number {
-  return isFloatFormat(f) ? 16 / elementBytes(f) : 32 / codeBits(f);
+/**
+ * Whether W of `f`, `k` deep, is staged 8 codes per slot with its row scales applied to the
+ * finished sums (matmul_tiled_quant.wgsl `QROW`): int8 and e4m3 with K % 8 == 0.
+ */
+function rowScaled(f: WeightFormat, k: number): boolean {
+  return (f === "int8" || f === "e4m3") && k % 8 === 0;
 }
 
-function checkTiled(gpu: Gpu, label: string, t: TiledTuning, dtype: WeightFormat): void {
+/** Elements of W per staged slot: 16 bytes of floats, 8 codes (QROW) or one word of codes. */
+function slotWidth(f: WeightFormat, k: number): number {
+  if (isFloatFormat(f)) return 16 / elementBytes(f);
+  return rowScaled(f, k) ? 8 : 32 / codeBits(f);
+}
+
+function checkTiled(gpu: Gpu, label: string, t: TiledTuning, slot: number): void {
   const sizes = [16, 32, 64, 128];
   if (!sizes.includes(t.bm) || !sizes.includes(t.bn)) {
     fail(label, `tiled bm and bn must be 16, 32, 64 or 128; got ${t.bm} and ${t.bn}`);
@@ -210,7 +219,7 @@ function checkTiled(gpu: Gpu, label: string, t: TiledTuning, dtype: WeightFormat
   const threads = (t.bm / t.tm) * (t.bn / t.tn);
   // 16-byte loads per thread and step: the kernel keeps at most 4 of x and 4 of W in flight.
   const xLoads = Math.ceil((t.bm * t.bk) / 4 / threads);
-  const wLoads = Math.ceil((t.bn * t.bk) / slotWidth(dtype) / threads);
+  const wLoads = Math.ceil((t.bn * t.bk) / slot / threads);
   if (xLoads > 4 || wLoads > 4) {
     fail(
       label,
@@ -232,7 +241,7 @@ export function tiledDispatch(
 ): { dispatch: Dispatch; split?: SplitDispatch } {
   const { label, x, w, y, bias, normWeight, nw, m, k, cols, swiglu } = launch;
   const t = { ...tiledTuning(gpu, { m, cols, k, norm: !!normWeight, swiglu }), ...tuning };
-  checkTiled(gpu, label, t, w.dtype);
+  checkTiled(gpu, label, t, slotWidth(w.dtype, k));
   const { kspan, splits } = splitK(gpu, { m, cols, k, step: t.bk, splits: t.splits });
   const tiles = Math.ceil(m / t.bm) * Math.ceil(cols / t.bn);
   const groups = grid(tiles * splits);
@@ -247,6 +256,7 @@ export function tiledDispatch(
       BUFS: t.bufs,
       ALIGNED: k % t.bk === 0 ? 1 : 0,
       SPLIT: splits > 1 ? 1 : 0,
+      QROW: rowScaled(w.dtype, k) ? 1 : 0,
     },
   });
   const u = matmulUniform(gpu, launch, { groupsX: groups[0], kspan, splits });
@@ -254,7 +264,8 @@ export function tiledDispatch(
   const xb = { buffer: x, size: ceil16(m * k * 4) };
   const wb = { buffer: w.buffer, size: ceil16(w.rows * k * elementBytes(w.dtype)) };
   const nwb = normWeight ? { buffer: normWeight, size: ceil16(k * 4) } : { buffer: nw };
-  const shape = `${t.bm}x${t.bn}/${t.tm}x${t.tn}` + (splits > 1 ? ` split ${splits}` : "");
+  const shape = `${t.bm}x${t.bn}/${t.tm}x${t.tn}` + (splits > 1 ? ` split ${splits}` : "") +
+    (rowScaled(w.dtype, k) ? " qrow" : "");
   const part = scratch(gpu, splits > 1 ? splits * m * (cols + 1) * 4 : 16); // bound either way
   const dispatch: Dispatch = {
     label: `${label} ${shape}`,

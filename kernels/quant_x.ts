@@ -130,6 +130,11 @@ export interface QuantXOptions {
   eps?: number;
   /** Sample every this many rows (default: about 8 rows of the m). */
   every?: number;
+  /**
+   * The product measured multiplies x rounded to int8 per unit of 16 k (`small`'s `xq`), not x
+   * as it is: the sample rounds it so (K a multiple of 16).
+   */
+  unitCodes?: boolean;
 }
 
 const dummies = new WeakMap<GPUDevice, GPUBuffer[]>();
@@ -160,7 +165,10 @@ export function quantXDispatch(gpu: Gpu, b: QuantXBuffers, o: QuantXOptions): Di
   const fail = (what: string): never => {
     throw new Error(`internal error: quant_x ${m}x${k}: ${what}`);
   };
-  if (!(m >= 1 && k >= 4 && k % (writeQ ? 16 : 4) === 0)) fail("K must be a multiple of 16");
+  const k16 = writeQ || o.unitCodes;
+  if (!(m >= 1 && k >= 4 && k % (k16 ? 16 : 4) === 0)) {
+    fail(`K must be a multiple of ${k16 ? 16 : 4}`);
+  }
   if (!writeQ && !b.stats) fail("neither codes nor statistics asked for");
   if (b.x.size < m * k * 4) fail(`x holds ${b.x.size} bytes`);
   if (writeQ && (b.xq!.size < m * k || b.xscale!.size < m * 4)) fail("xq or xscale is short");
@@ -193,6 +201,8 @@ export function quantXDispatch(gpu: Gpu, b: QuantXBuffers, o: QuantXOptions): Di
       WRITE_Q: writeQ ? 1 : 0,
       STATS: b.stats ? 1 : 0,
       SAMPLE: s ? 1 : 0,
+      SAMPLES: s?.rows.length ?? 0,
+      UNIT_CODES: o.unitCodes ? 1 : 0,
       WDTYPE: s ? WDTYPE[s.w.dtype] : 3,
     },
   });
@@ -209,7 +219,11 @@ export function quantXDispatch(gpu: Gpu, b: QuantXBuffers, o: QuantXOptions): Di
     s?.w.buffer ?? d(8),
     b.live?.buffer ?? d(9),
   ];
-  const what = [writeQ ? "int8" : "", b.stats ? `stats ${b.stats.slot}` : "", s ? "sample" : ""];
+  const what = [
+    writeQ ? "int8" : "",
+    b.stats ? `stats ${b.stats.slot}` : "",
+    s ? (o.unitCodes ? "sample x per 16" : "sample") : "",
+  ];
   return {
     label: `quant_x ${m}x${k}${b.normWeight ? " +norm" : ""} ${what.filter(Boolean).join(" ")}`,
     pipeline: pipe,

@@ -115,10 +115,16 @@ async function measure(o: Checked, ctx: MeasureContext): Promise<BenchResult> {
   };
   const q = o.quantize !== "none" ? `, ${o.quantize}` : "";
   progress.stage(`loading ${o.shape ? `shape ${o.shape} (${o.dtype}${q})` : `${o.model}${q}`}`);
-  const synthetic = { dtype: o.dtype, tokenizerDir: DEFAULT_MODEL, quantize: o.quantize };
+  const synthetic = {
+    dtype: o.dtype,
+    tokenizerDir: DEFAULT_MODEL,
+    quantize: o.quantize,
+    fallback: o.quantizeFallback,
+  };
+  const quantize = { quantize: o.quantize, fallback: o.quantizeFallback };
   const engine = o.shape
     ? Engine.create(gpu, await syntheticModel(gpu, o.shape, synthetic), engineOptions)
-    : await Engine.load(o.model, { ...engineOptions, quantize: o.quantize });
+    : await Engine.load(o.model, { ...engineOptions, ...quantize });
   progress.end(); // a warning may follow
   const cfg = engine.config;
   if (engine.kvStats().gpu.total < maxBatch * Math.ceil(context / BLOCK)) {
@@ -143,7 +149,7 @@ async function measure(o: Checked, ctx: MeasureContext): Promise<BenchResult> {
     const { gpu: _, store: __, ...rest } = engineOptions;
     const w = await WorkerEngine.load(
       o.shape ? { shape: o.shape, ...synthetic } : { dir: o.model },
-      { ...rest, kvPath: workerKv, kvWarmBytes: o.kvWarmMb * 2 ** 20, quantize: o.quantize },
+      { ...rest, kvPath: workerKv, kvWarmBytes: o.kvWarmMb * 2 ** 20, ...quantize },
     );
     try {
       const run = { o, vocab, progress, label: "worker: " };
@@ -187,7 +193,9 @@ async function measure(o: Checked, ctx: MeasureContext): Promise<BenchResult> {
     cpu_adapter: o.cpu,
     dtype: engine.weights.dtype,
     quantize: o.quantize,
+    quantize_fallback: engine.weights.quant.fallback,
     layers_16bit: precision.layers.filter((l) => l.fellBack).length,
+    layers_out_of_range: precision.layers.filter((l) => l.outOfRange > 0).length,
     kv_dtype: o.kvDtype,
     batch: o.batch,
     prompt_len: o.promptLen,

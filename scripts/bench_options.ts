@@ -37,6 +37,12 @@ export interface BenchOptions {
   kvDtype?: KvDtype;
   /** Quantize the projections at load (default none; `--quantize`). */
   quantize?: QuantizeMode;
+  /**
+   * Keep the 16-bit projections for the precision monitor's fallback (default true;
+   * `--quantize-fallback on|off`, with `quantize` only). Off, no layer runs at 16 bits: the
+   * speed of the quantized kernels alone.
+   */
+  quantizeFallback?: boolean;
   /** Also time each kernel of one decode step (needs `timestamp-query`). */
   profile?: boolean;
   /** Bytes the bandwidth kernel reads (default 1 GiB; 64 MiB on CPU adapters). */
@@ -103,7 +109,10 @@ export function checkOptions(o: BenchOptions): void {
     throw new Error(`--dtype must be f16 or bf16; got '${o.dtype}'`);
   }
   parseKvDtype(o.kvDtype);
-  parseQuantize(o.quantize);
+  const quantize = parseQuantize(o.quantize);
+  if (o.quantizeFallback !== undefined && quantize === "none") {
+    throw new Error("--quantize-fallback applies with --quantize int8 or e4m3");
+  }
   for (const b of o.batch ?? []) {
     if (!Number.isInteger(b) || b < 1) throw new Error(`--batch sizes must be ≥ 1; got ${b}`);
   }
@@ -141,6 +150,7 @@ export function withDefaults(o: BenchOptions, cpu: boolean): Checked {
     dtype: o.dtype ?? "f16",
     kvDtype: parseKvDtype(o.kvDtype),
     quantize: parseQuantize(o.quantize),
+    quantizeFallback: o.quantizeFallback ?? true,
     profile: o.profile ?? false,
     readBytes: o.readBytes,
     prefillRuns: o.prefillRuns ?? 3,
@@ -178,6 +188,10 @@ and B on a CPU adapter; flags given always win.
                        on the GPU), keeping the 16-bit ones for the precision monitor; none
                        (default) runs them as loaded. The table says how many layers the
                        monitor ran at 16 bits
+  --quantize-fallback on|off
+                       with --quantize: keep the 16-bit projections for the monitor's
+                       fallback (on, default) or free them (off: no layer runs at 16 bits,
+                       the speed of the quantized kernels alone; the table says so)
   --kv-dtype f32|f16   element type of the KV cache (default f32)
   --batch LIST         decode batch sizes, comma-separated; 1 is always added
                        (default ${list(GPU_DEFAULTS.batch)}; CPU ${list(CPU_DEFAULTS.batch)})
@@ -205,7 +219,8 @@ Environment:
 Examples:
   deno task bench                                   # the default model, adapter defaults
   deno task bench --shape tinyllama-1.1b --batch 1,8,32 --out bench.json
-  deno task bench --shape llama-7b --quantize int8 --prompt-len 512`;
+  deno task bench --shape llama-7b --quantize int8 --prompt-len 512
+  deno task bench --shape tinyllama-1.1b --quantize int8 --quantize-fallback off --batch 1,8,32`;
 
 /** The parsed command line of `deno task bench`. */
 export interface BenchFlags {
@@ -251,6 +266,7 @@ export function parseFlags(args: string[]): BenchFlags {
       dtype: { type: "string" },
       "kv-dtype": { type: "string" },
       quantize: { type: "string" },
+      "quantize-fallback": { type: "string" },
       profile: { type: "boolean" },
       "read-mib": { type: "string" },
       "queue-depth": { type: "string" },
@@ -263,6 +279,10 @@ export function parseFlags(args: string[]): BenchFlags {
     },
   });
   const readMib = intFlag("read-mib", v["read-mib"]);
+  const fallback = v["quantize-fallback"];
+  if (fallback !== undefined && fallback !== "on" && fallback !== "off") {
+    throw new Error(`--quantize-fallback must be on or off; got '${fallback}'`);
+  }
   const options: BenchOptions = {
     model: v.model,
     shape: v.shape,
@@ -273,6 +293,7 @@ export function parseFlags(args: string[]): BenchFlags {
     dtype: v.dtype as BenchOptions["dtype"],
     kvDtype: v["kv-dtype"] as KvDtype | undefined,
     quantize: v.quantize as QuantizeMode | undefined,
+    quantizeFallback: fallback === undefined ? undefined : fallback === "on",
     profile: v.profile,
     readBytes: readMib === undefined ? undefined : readMib * 2 ** 20,
     queueDepth: intFlag("queue-depth", v["queue-depth"]),

@@ -273,7 +273,10 @@ export function formatTable(r: BenchResult): string {
     `prompt ${r.prompt_len} tokens, ${r.new_tokens} new tokens per request, ` +
     `batch ${r.batch.join(",")}, ${r.dtype} weights` +
     (r.quantize !== "none"
-      ? ` (projections ${r.quantize}, ${r.layers_16bit} layers at 16 bits by the monitor)`
+      ? r.quantize_fallback
+        ? ` (projections ${r.quantize}, ${r.layers_16bit} layers at 16 bits by the monitor)`
+        : ` (projections ${r.quantize}, fallback off: every layer at 8 bits; ` +
+          `${r.layers_out_of_range} out of the monitor's range)`
       : "") +
     `, ${r.kv_dtype} KV cache`,
     ...(r.cpu_adapter

@@ -51,8 +51,12 @@ export interface BenchResult {
   dtype: string;
   /** `--quantize`: what the projections ran as (none: as loaded). */
   quantize: string;
+  /** Whether the 16-bit projections were kept for the monitor's fallback (`--quantize-fallback`). */
+  quantize_fallback: boolean;
   /** Layers the precision monitor ran at their 16-bit weights when the run ended. */
   layers_16bit: number;
+  /** Layers the monitor found out of range at least once (run quantized when the fallback is off). */
+  layers_out_of_range: number;
   kv_dtype: KvDtype;
   batch: number[];
   prompt_len: number;

@@ -6,7 +6,7 @@
  * of stdout is `{"tokens": N, "ppl": x}` with `--json`.
  *
  *   deno task perplexity [--model DIR] [--file TEXT] [--context N] [--max-tokens N]
- *                        [--kv-dtype f32|f16] [--quantize int8|e4m3|none] [--json]
+ *                        [--max-chunk N] [--kv-dtype f32|f16] [--quantize int8|e4m3|none] [--json]
  */
 import { parseArgs } from "node:util";
 import { Engine } from "../engine/engine.ts";
@@ -24,6 +24,9 @@ const HELP = `deno task perplexity: perplexity of a model on a text
   --context N        tokens per window, each scored from scratch (default: the model's
                      context length, at most 1024)
   --max-tokens N     score at most the first N tokens of the text (default: all)
+  --max-chunk N      prompt tokens per forward pass (default: the engine's, 256 on a CPU
+                     adapter, 512 on a GPU); 16 or fewer score through the decode kernel
+                     (small: int8 with x rounded per 16 k) instead of the prefill ones
   --kv-dtype f32|f16 element type of the KV cache (default f32; env STRATA_KV_DTYPE)
   --quantize MODE    int8 or e4m3: quantize the layers' projections at load (one scale per row;
                      prefill runs int8 x int8); none (default) keeps them as loaded. The
@@ -78,6 +81,7 @@ if (import.meta.main) {
         file: { type: "string" },
         context: { type: "string" },
         "max-tokens": { type: "string" },
+        "max-chunk": { type: "string" },
         "kv-dtype": { type: "string" },
         quantize: { type: "string" },
         json: { type: "boolean" },
@@ -95,9 +99,11 @@ if (import.meta.main) {
     });
     const context = positive("context", v.context);
     const maxTokens = positive("max-tokens", v["max-tokens"]);
+    const maxChunk = positive("max-chunk", v["max-chunk"]);
     const engine = await Engine.load(model, {
       maxSlots: 1,
       contextLength: context,
+      maxChunk,
       kvDtype: parseKvDtype(v["kv-dtype"] ?? (Deno.env.get("STRATA_KV_DTYPE") || undefined)),
       quantize: parseQuantize(v.quantize),
     });

@@ -84,7 +84,9 @@ batch and context; one line per timing on stdout (µs, GB/s of weights read, the
   --shape NAME          tinyllama-1.1b (default), llama-7b or tiny
   --m LIST              rows of x (default 1,8,32; "" times attention only)
   --variants JSON       partial MatmulOptions merged over the engine's, e.g.
-                        '[{}, {"path": "tiled"}, {"q8": {"bm": 64, "bn": 128}}]'
+                        '[{}, {"path": "tiled"}, {"q8": {"bm": 64, "bn": 128}}]', or for int8
+                        decode '[{"small": {"xq": false}}, {}]' (W decoded in registers
+                        against x quantized per 16 k, the default)
   --quantize LIST       weight formats of the projections: none (f16), int8, e4m3, comma-
                         separated (default none); the LM head stays f16
   --batches LIST        decode attention batch sizes (default 1,8,32)

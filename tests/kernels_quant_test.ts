@@ -1,10 +1,12 @@
 /**
  * Quantized weights: the host layouts (kernels/quant.ts) against ggml's float64 dequantization,
- * e4m3 rounding, and every matmul path that reads a quantized W (small, naive, tiled, q8) against
- * the float64 reference of the quantized values, at awkward sizes, with the fusions the decoder
- * uses (norm, SwiGLU, bias, residual). The int8 path's reference takes x as the GPU quantized it
- * (quant_x, checked against quantActRef itself), so a near-tie rounded the other way on the GPU
- * cannot fail it. Runs on lavapipe and GL (`deno task test:gl`).
+ * e4m3 rounding, and every matmul path that reads a quantized W (small with W decoded in
+ * registers and with x quantized per 16 k (`xq`), naive, tiled, q8) against the float64
+ * reference of the quantized values, at awkward sizes, with the fusions the decoder uses (norm,
+ * SwiGLU, bias, residual). The int8 path's reference takes x as the GPU quantized it (quant_x,
+ * checked against quantActRef itself), so a near-tie rounded the other way on the GPU cannot fail
+ * it; xq's x, rounded inside the kernel, is moved off near-ties instead (`unitTies`). Runs on
+ * lavapipe and GL (`deno task test:gl`).
  */
 import assert from "node:assert/strict";
 import { createStorage, type Gpu, isCpuAdapter, readBuffer, readF32 } from "../gpu/device.ts";
@@ -43,6 +45,8 @@ import {
   rmsnormRef,
   swigluRef,
 } from "../kernels/reference.ts";
+import { quantUnitsRef, unitTies, X_UNIT } from "../kernels/reference_quant.ts";
+import type { SmallTuning } from "../kernels/matmul_small.ts";
 import type { TiledTuning } from "../kernels/matmul_tiled.ts";
 import type { Q8Tuning } from "../kernels/matmul_q8.ts";
 import {
@@ -146,8 +150,29 @@ interface QuantCase {
   accumulate?: boolean;
   /** Force the path (the default would pick another). */
   force?: boolean;
+  small?: Partial<SmallTuning>;
   tiled?: Partial<TiledTuning>;
   q8?: Partial<Q8Tuning>;
+}
+
+/**
+ * x (as f32) with the elements whose `xq` code would be a near-tie moved by 1 % of their unit's
+ * scale, so the GPU's f32 rounding and the float64 reference agree. The kernel rounds x ⊙ nw
+ * with the norm (1 / rms scales a whole unit and leaves the codes).
+ */
+function offTies(x: Float64Array, m: number, k: number, nw?: Float64Array): Float64Array {
+  const v = Float64Array.from(Float32Array.from(x));
+  for (let pass = 0; pass < 4; pass++) {
+    const seen = nw ? v.map((e, i) => Math.fround(e * nw[i % k])) : v;
+    const ties = unitTies(seen, m, k);
+    if (ties.length === 0) return v;
+    const q = quantUnitsRef(seen, m, k);
+    for (const i of ties) {
+      const c = Math.abs(seen[i]) / q.scales[Math.floor(i / X_UNIT)];
+      v[i] = Math.fround(v[i] * (1 + 0.01 / c));
+    }
+  }
+  throw new Error("offTies: x still has near-ties");
 }
 
 /** The weight on the GPU (gate/up interleaved with swiglu) and its float64 values. */
@@ -203,8 +228,12 @@ async function checkQuant(c: QuantCase, seed: number): Promise<void> {
   const gpu = await testGpu();
   const r = rng(seed);
   const { m, n, k } = c, eps = 1e-5;
-  const x = f32Input(gpu, r.uniform(m * k, 2));
+  const xRaw = r.uniform(m * k, 2);
   const nw = f32Input(gpu, Float64Array.from(r.uniform(k), (v) => 1 + v / 2));
+  const x = f32Input(
+    gpu,
+    k % X_UNIT === 0 ? offTies(xRaw, m, k, c.norm ? nw.values : undefined) : xRaw,
+  );
   const { w, ref } = weight(gpu, c, seed + 1);
   const biasRows = c.swiglu ? 2 * n : n;
   const biasValues = Float64Array.from(Float32Array.from(r.uniform(biasRows)));
@@ -234,10 +263,15 @@ async function checkQuant(c: QuantCase, seed: number): Promise<void> {
     eps,
     swiglu: c.swiglu,
     path: c.force ? c.path : undefined,
+    small: c.small,
     tiled: c.tiled,
     q8: c.q8,
   });
   if (!c.force) assert.equal(matmulPath(m, w), c.path, `${ds[0].label}: the wrong kernel`);
+  if (c.path === "tiled" && (c.f === "int8" || c.f === "e4m3")) {
+    // 8 codes a slot, the row scales on the sums, where K allows
+    assert.equal(ds[0].label.includes(" qrow"), k % 8 === 0, ds[0].label);
+  }
   assert.ok(ds.some((d) => d.label.includes(` ${c.path} `)), ds.map((d) => d.label).join(", "));
   await run(gpu, ds);
   const got = await readOutputRows(gpu, y0);
@@ -247,6 +281,12 @@ async function checkQuant(c: QuantCase, seed: number): Promise<void> {
   if (c.path === "q8") {
     xv = await quantizedX(gpu, x.buffer, x.values, c, c.norm ? nw : undefined);
     normWeight = undefined; // folded into the quantization
+  }
+  if (ds.some((d) => d.label.endsWith(" xq"))) {
+    // x rounded per unit of 16 k as the kernel rounds it, after the norm
+    const normed = c.norm ? rmsnormRef(x.values, nw.values, { cols: k, eps }) : x.values;
+    xv = quantUnitsRef(normed, m, k).values;
+    normWeight = undefined;
   }
   const want = c.swiglu
     ? swigluRef(xv, ref, { m, f: n, k, bias: b, normWeight, eps, y })
@@ -273,6 +313,55 @@ const CASES: QuantCase[] = [
     accumulate: true,
   })),
   { m: 16, n: 45, k: 288, f: "int8", path: "small", accumulate: true },
+  // small, int8 decoded in registers (adapters without dot4I8Packed)
+  { m: 1, n: 37, k: 512, f: "int8", path: "small", small: { xq: false } },
+  {
+    m: 9,
+    n: 21,
+    k: 256,
+    f: "int8",
+    path: "small",
+    norm: true,
+    swiglu: true,
+    accumulate: true,
+    small: { xq: false },
+  },
+  // small's xq for the GGUF types of signed 8-bit codes (group scales per unit)
+  { m: 3, n: 33, k: 256, f: "q8_0", path: "small", norm: true, bias: true, small: { xq: true } },
+  {
+    m: 9,
+    n: 21,
+    k: 256,
+    f: "q6_k",
+    path: "small",
+    norm: true,
+    swiglu: true,
+    accumulate: true,
+    small: { xq: true },
+  },
+  // xq's chunks of x: of 8 units with 8 K lanes of 2-unit trips (part of a trip), of 32 (two
+  // trips; 66 units: the last chunk short); 4 row groups of 4 rows
+  {
+    m: 5,
+    n: 40,
+    k: 1056,
+    f: "int8",
+    path: "small",
+    norm: true,
+    bias: true,
+    small: { tk: 8, unroll: 2, xu: 8 },
+  },
+  { m: 7, n: 38, k: 1056, f: "int8", path: "small", swiglu: true, small: { tk: 8, xu: 32 } },
+  {
+    m: 13,
+    n: 29,
+    k: 320,
+    f: "int8",
+    path: "small",
+    norm: true,
+    accumulate: true,
+    small: { rm: 4, tm: 4, tk: 8, tn: 2 },
+  },
   { m: 5, n: 70, k: 1056, f: "q4_0", path: "small", norm: true },
   // naive: K not a multiple of small's 16-value units
   { m: 2, n: 13, k: 20, f: "int8", path: "naive", norm: true, bias: true },
@@ -288,6 +377,21 @@ const CASES: QuantCase[] = [
     bias: true,
   })),
   { m: 70, n: 33, k: 96, f: "int8", path: "tiled", force: true, swiglu: true, norm: true },
+  // int8 and e4m3 staged 8 codes a slot, row scales on the sums: K not a multiple of the step
+  // (200), and K % 8 != 0 (100: a word a slot with its scale instead)
+  { m: 20, n: 19, k: 200, f: "e4m3", path: "tiled", bias: true, accumulate: true },
+  { m: 18, n: 21, k: 100, f: "e4m3", path: "tiled", norm: true },
+  {
+    m: 33,
+    n: 70,
+    k: 512,
+    f: "e4m3",
+    path: "tiled",
+    swiglu: true,
+    accumulate: true,
+    norm: true,
+    tiled: { bm: 32, bn: 64, tm: 4, tn: 8, bk: 32, bufs: 2, splits: 3 },
+  },
   {
     m: 33,
     n: 70,
@@ -346,8 +450,9 @@ Deno.test("matmul, quantized W: small, naive, tiled and q8 against the quantized
   const gpu = await testGpu();
   let seed = 1000;
   for (const c of CASES) {
-    // GL: forced GPU tiles compile for minutes (naga zero-fills workgroup arrays); lavapipe runs them
-    if ((c.tiled || c.q8) && !gpu.hasF16 && isCpuAdapter(gpu)) continue;
+    // GL: forced GPU tiles compile for minutes (naga zero-fills workgroup arrays), and every
+    // pipeline for seconds (cold: the CI's): lavapipe runs the forced launch shapes
+    if ((c.tiled || c.q8 || c.small) && !gpu.hasF16 && isCpuAdapter(gpu)) continue;
     await checkQuant(c, seed++);
   }
 });
@@ -362,6 +467,8 @@ Deno.test("quant_x statistics: extremes, row std, int8 error and the sampled pro
       { m: 5, k: 64, norm: true, f: "int8" as const, writeQ: false },
       { m: 19, k: 96, norm: false, f: "q4_0" as const, writeQ: false },
       { m: 20, k: 48, norm: true, f: "int8" as const, writeQ: true },
+      // the sample of small's xq: x rounded per 16 k
+      { m: 6, k: 64, norm: true, f: "int8" as const, writeQ: false, unit: true },
     ]
   ) {
     const { m, k } = c;
@@ -387,12 +494,13 @@ Deno.test("quant_x statistics: extremes, row std, int8 error and the sampled pro
         xscale: c.writeQ ? xscale : undefined,
         stats: { buffer: stats, slot },
         sample: { w, s16: s16.buffer, rows },
-      }, { m, k, eps, every }),
+      }, { m, k, eps, every, unitCodes: c.unit }),
     ]);
     const got = decodeStats(new Uint32Array(await readBuffer(gpu, stats)), slot);
     // The host's account of the same rows.
     const xn = c.norm ? rmsnormRef(x.values, nw.values, { cols: k, eps }) : x.values;
     const q = quantActRef(xn, m, k);
+    const xu = quantUnitsRef(xn, m, k).values;
     let min = Infinity, max = -Infinity, minStd = Infinity, maxStd = 0, actErr = 0, sErr = 0;
     for (let i = 0; i < m; i++) {
       const row = xn.subarray(i * k, (i + 1) * k);
@@ -414,7 +522,8 @@ Deno.test("quant_x statistics: extremes, row std, int8 error and the sampled pro
         let y16 = 0, yq = 0;
         for (let j = 0; j < k; j++) {
           y16 += row[j] * w16[wr * k + j];
-          yq += (c.writeQ ? q.values[i * k + j] : row[j]) * wq[wr * k + j];
+          const xin = c.writeQ ? q.values[i * k + j] : c.unit ? xu[i * k + j] : row[j];
+          yq += xin * wq[wr * k + j];
         }
         de += (yq - y16) ** 2;
         d16 += y16 ** 2;
@@ -462,6 +571,10 @@ Deno.test("matmul, quantized W: refuses what a path cannot serve, saying what it
     matmulDispatches(gpu, { x, w, y }, { m, path });
   assert.throws(mm(int8, 40, "rows"), /the rows kernel needs 16-bit W and K % 8 == 0/);
   assert.throws(mm(e4m3, 40, "q8"), /the q8 kernel needs int8 W and K % 16 == 0/);
+  assert.throws(
+    () => matmulDispatches(gpu, { x, w: e4m3, y }, { m: 1, small: { xq: true } }),
+    /small xq needs W of 8-bit integer codes \(int8, q8_0, q6_k\); W is e4m3/,
+  );
   assert.throws(mm({ ...int8, scales: undefined }, 1), /the scales hold 0 bytes; need 132/);
   assert.throws(
     mm({ ...int8, dtype: "q4_k", cols: 64 }, 1),

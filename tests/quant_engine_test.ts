@@ -22,10 +22,15 @@ import { PROJECTIONS } from "../engine/model/weights.ts";
 import { readBuffer } from "../gpu/device.ts";
 import { decode, isFloatFormat } from "../gpu/dtype.ts";
 import { quantActRef, quantWeightRef } from "../kernels/reference.ts";
+import { quantUnitsRef } from "../kernels/reference_quant.ts";
+import { hasDot4 } from "../kernels/matmul_q8.ts";
 import type { WeightBuffer } from "../kernels/weight.ts";
 import { withTestModel } from "../scripts/make_test_model.ts";
 import { writeGguf } from "../scripts/write_gguf.ts";
 import { createApp } from "../routes/app.ts";
+import { runBench } from "../scripts/bench.ts";
+import { parseFlags } from "../scripts/bench_options.ts";
+import { formatTable } from "../scripts/bench_report.ts";
 import { rng, testGpu } from "./util.ts";
 
 /** The float64 values of a weight as it is on the GPU. */
@@ -76,12 +81,19 @@ async function asRun(engine: Engine, base: ReferenceModel): Promise<ReferenceMod
 }
 
 /**
- * The reference's projections' inputs rounded as the int8 path rounds them (per row, int8) at the
- * positions `quantized` says: where the GPU ran more than 16 rows against int8 W.
+ * The reference's projections' inputs rounded as the int8 paths round them at position t of
+ * layer l: `row` per row (`q8`: more than 16 rows against int8 W), `unit` per 16 k (`small`'s xq:
+ * up to 16 rows), `none` not at all.
  */
-function int8Inputs(quantized: (t: number) => boolean): ForwardOptions {
+function int8Inputs(
+  rounding: (t: number, l: number) => "row" | "unit" | "none",
+): ForwardOptions {
   return {
-    projectionInput: (x, t) => (quantized(t) ? quantActRef(x, 1, x.length).values : x),
+    projectionInput: (x, t, l) => {
+      const r = rounding(t, l);
+      if (r === "row") return quantActRef(x, 1, x.length).values;
+      return r === "unit" ? quantUnitsRef(x, 1, x.length).values : x;
+    },
   };
 }
 
@@ -145,20 +157,28 @@ for (const quantize of ["int8", "e4m3"] as const) {
       const r = rng(5);
       const ids = Array.from({ length: 40 }, () => r.int(ref.config.vocabSize));
       // int8 runs 40 rows (scored) and a 20-token prompt through the q8 path, which quantizes
-      // x too; decode's single rows multiply x as it is.
+      // x per row; decode's single rows go through small, which quantizes x per 16 k where the
+      // adapter has dot4I8Packed (lavapipe and GL do).
       const int8 = quantize === "int8";
-      const scored = await scoreDelta(engine, ref, ids, int8Inputs(() => int8));
+      const decoded = int8 && hasDot4() ? "unit" : "none";
+      const scored = await scoreDelta(engine, ref, ids, int8Inputs(() => int8 ? "row" : "none"));
       const generated = await generateDelta(
         engine,
         ref,
         ids.slice(0, 20),
-        int8Inputs((t) => int8 && t < 20),
+        int8Inputs((t) => !int8 ? "none" : t < 20 ? "row" : decoded),
       );
       // What quantizing x costs, against the reference of the quantized weights alone.
       const weightsOnly = await scoreDelta(engine, ref, ids);
+      const decodeAsIs = await generateDelta(
+        engine,
+        ref,
+        ids.slice(0, 20),
+        int8Inputs((t) => !int8 ? "none" : t < 20 ? "row" : "none"),
+      );
       console.log(
         `${quantize}: max |Δ logprob| scored ${scored}, generated ${generated}; ` +
-          `x multiplied unquantized in the reference: ${weightsOnly}`,
+          `x multiplied unquantized in the reference: scored ${weightsOnly}, decode ${decodeAsIs}`,
       );
       // int8's bound leaves room for an x code the GPU rounded the other way at a near-tie.
       const bound = int8 ? 0.05 : 1e-3;
@@ -248,7 +268,13 @@ Deno.test("precision monitor: a layer forced out of range runs its 16-bit weight
     assert.equal(labels.filter((l) => / int8/.test(l) && /swiglu/.test(l)).length, 2);
     // Generated after the switch: the reference with layer 1 at 16 bits, the others quantized.
     const ref = await asRun(engine, await ReferenceModel.load(await loadModelFolder(dir)));
-    const delta = await generateDelta(engine, ref, prompt.slice(0, 11), int8Inputs(() => false));
+    // An 11-token prompt and single decode rows: all through small (layer 1 at 16 bits: x as is).
+    const delta = await generateDelta(
+      engine,
+      ref,
+      prompt.slice(0, 11),
+      int8Inputs((_, l) => (hasDot4() && l !== 1 ? "unit" : "none")),
+    );
     assert.ok(delta <= 0.05, `|Δ logprob| ${delta}`);
     // What the server says of it.
     const app = createApp(engine, {});
@@ -357,4 +383,35 @@ Deno.test("CLI: generate, perplexity and bench take --quantize; bad values are r
   const line = JSON.parse(json.stdout.trim().split("\n").at(-1)!);
   assert.equal(line.quantize, "e4m3");
   assert.ok(line.ppl > 1 && line.tokens === 63, JSON.stringify(line));
+});
+
+Deno.test("bench --quantize int8 --quantize-fallback off: every layer quantized, and the table says so", async () => {
+  const gpu = await testGpu();
+  const run = (quantizeFallback?: boolean) =>
+    runBench({
+      shape: "tiny",
+      quantize: "int8",
+      quantizeFallback,
+      batch: [1],
+      promptLen: 8,
+      newTokens: 4,
+      readBytes: 2 ** 20,
+      prefillRuns: 1,
+      gpu,
+    });
+  const off = await run(false);
+  assert.equal(off.quantize_fallback, false);
+  assert.equal(off.layers_16bit, 0);
+  assert.match(formatTable(off), /projections int8, fallback off: every layer at 8 bits; \d+ out/);
+  const on = await run();
+  assert.equal(on.quantize_fallback, true);
+  assert.match(formatTable(on), /projections int8, \d+ layers at 16 bits by the monitor/);
+  await assert.rejects(
+    () => runBench({ shape: "tiny", quantizeFallback: false }),
+    /--quantize-fallback applies with --quantize int8 or e4m3/,
+  );
+  assert.throws(
+    () => parseFlags(["--quantize", "int8", "--quantize-fallback", "no"]),
+    /--quantize-fallback must be on or off; got 'no'/,
+  );
 });

@@ -54,11 +54,12 @@ export interface ForwardOptions {
   /** The attention mask (default: the config's, see `configMask`; e.g. sinks + window). */
   mask?: AttentionMask;
   /**
-   * What each projection multiplies, given its input at position t: the normed row for q, k, v
-   * and gate/up, the attention output for o, the SwiGLU product for down (default: as is). The
-   * quantization tests pass a per-row int8 rounding here where the GPU's int8 path rounds.
+   * What each projection multiplies, given its input at position t of layer `layer`: the normed
+   * row for q, k, v and gate/up, the attention output for o, the SwiGLU product for down
+   * (default: as is). The quantization tests pass the int8 rounding of x here where the GPU's
+   * int8 paths round it.
    */
-  projectionInput?: (x: Float64Array, t: number) => Float64Array;
+  projectionInput?: (x: Float64Array, t: number, layer: number) => Float64Array;
 }
 
 /** Float64 reference model. */
@@ -133,9 +134,10 @@ export class ReferenceModel {
       }
       return w.embed.slice(t * H, (t + 1) * H);
     });
-    for (const layer of w.layers) {
+    for (const [l, layer] of w.layers.entries()) {
       // attention block: x += o_proj(attn(rope(q), rope(k), v)) of rmsnorm(x)
-      const input = options.projectionInput ?? ((r: Float64Array) => r);
+      const round = options.projectionInput;
+      const input = (r: Float64Array, t: number) => (round ? round(r, t, l) : r);
       const hn = x.map((r, t) => input(rmsnorm(r, layer.inputNorm, cfg.rmsEps), t));
       const q = hn.map((r) => linear(r, layer.q, { bias: layer.qBias })); // [T][Hq*D]
       const k = hn.map((r) => linear(r, layer.k, { bias: layer.kBias })); // [T][Hkv*D]

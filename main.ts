@@ -202,7 +202,11 @@ async function generate(args: string[]): Promise<void> {
       finish_reason: r.finishReason,
       seed: r.seed.toString(),
       ttft_ms: r.ttftMs,
-      speculation: r.speculation ?? { steps: 0, drafted: 0, accepted: 0 },
+      speculation: {
+        steps: r.speculation?.steps ?? 0,
+        drafted: r.speculation?.drafted ?? 0,
+        accepted: r.speculation?.accepted ?? 0,
+      },
     }));
   } else {
     console.log();

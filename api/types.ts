@@ -78,15 +78,16 @@ export interface GenerationResult {
   /**
    * When the engine speculated for it: verification steps, drafts proposed and drafts accepted
    * (every accepted draft is a token the step gave beyond its own); beside them, the drafts that
-   * came from the n-gram pool of the model's guesses, the steps cross-checked against the plain
-   * path and those that failed, and the verification steps by the rows per slot of their pass
-   * (index R).
+   * came from the n-gram pool of the model's guesses (and were accepted), the steps
+   * cross-checked against the plain path and those that failed, and the verification steps by
+   * the rows per slot of their pass (index R).
    */
   speculation?: {
     steps: number;
     drafted: number;
     accepted: number;
     pooled?: number;
+    pooledAccepted?: number;
     checks?: number;
     failures?: number;
     byRows?: number[];
@@ -195,8 +196,9 @@ export interface SpeculationStats {
   steps: number;
   drafted: number;
   accepted: number;
-  /** Drafts that came from the n-gram pool of the model's own guesses. */
+  /** Drafts that came from the n-gram pool of the model's own guesses, and those accepted. */
   pooled?: number;
+  pooledAccepted?: number;
   /**
    * Verification steps cross-checked against the plain path, those that failed, and the
    * largest ‖h_verify − h_plain‖ / mean ‖h‖ measured.

@@ -18,6 +18,7 @@ export function speculationJson(s: SpeculationStats) {
     accepted: s.accepted,
     acceptance: s.drafted > 0 ? s.accepted / s.drafted : null,
     pooled: s.pooled ?? 0,
+    pooled_accepted: s.pooledAccepted ?? 0,
     checks: s.checks ?? 0,
     check_failures: s.failures ?? 0,
     check_max_distance: s.maxDistance ?? 0,

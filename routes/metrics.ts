@@ -21,7 +21,7 @@
  * | `strata_layer_out_of_range_total`      | counter   | layer                  |
  * | `strata_precision_fallbacks_total`     | counter   | direction (to_16bit, back) |
  * | `strata_precision_batches_total`       | counter   |                        |
- * | `strata_speculation_tokens_total`      | counter   | kind (drafted, accepted, pooled) |
+ * | `strata_speculation_tokens_total`      | counter   | kind (drafted, accepted, pooled, pooled_accepted) |
  * | `strata_speculation_steps_total`       | counter   |                        |
  * | `strata_speculation_mode`              | gauge     | mode (off, auto, on)   |
  * | `strata_speculation_checks_total`      | counter   | result (passed, failed) |
@@ -33,10 +33,10 @@
  * The precision series exist for quantized models only (`--quantize`, GGUF block types): each
  * layer's bits per weight now (16 after the monitor switched it to its 16-bit weights), how often
  * its inputs left the safe range, and the switches (docs/quantization.md). Speculation's series
- * (docs/speculation.md): drafts proposed (`pooled`: from the n-gram pool of guesses) and accepted,
- * cross-checks against the plain path, whether the failure breaker has turned it off (its reason
- * is in /health), and per length group (`group`: "<128", "128-511", "512+") the counts and the
- * draft depth it runs now.
+ * (docs/speculation.md): drafts proposed and accepted (`pooled`, `pooled_accepted`: those from the
+ * n-gram pool of guesses), cross-checks against the plain path, whether the failure breaker has
+ * turned it off (its reason is in /health), and per length group (`group`: "<128", "128-511",
+ * "512+") the counts and the draft depth it runs now.
  */
 import { Hono } from "hono";
 import type { EngineLike } from "../api/types.ts";
@@ -143,6 +143,7 @@ export function createMetrics(engine: EngineLike): ServerMetrics {
           { labels: { kind: "drafted" }, value: s.drafted },
           { labels: { kind: "accepted" }, value: s.accepted },
           { labels: { kind: "pooled" }, value: s.pooled ?? 0 },
+          { labels: { kind: "pooled_accepted" }, value: s.pooledAccepted ?? 0 },
         ];
       },
     ),

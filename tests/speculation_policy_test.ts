@@ -83,6 +83,20 @@ Deno.test("speculation policy: length groups choose their depth from their profi
   assert.equal(g2.depth, 0, "a group whose drafts all fail does not speculate");
   assert.deepEqual([plan.rows, plan.caps], [4, [3, 0]]);
   assert.ok(Math.abs(g0.expect(3) - 4) < 0.05, `${g0.expect(3)}`);
+  // A sequence adapts within its group's depth: among members whose drafts are all taken, one
+  // whose first draft is always taken and the next never comes down to one draft (2 tokens for
+  // 1.05 beats 2 for 1.32), while a newcomer runs the group's depth; one whose drafts all fail
+  // stops drafting.
+  const one = seq(40), none = seq(40), good = seq(40), depths: number[] = [];
+  for (let i = 0; i < 16; i++) {
+    depths.push(p.plan([one, seq(40)], measured).caps[0]);
+    for (let j = 0; j < 4; j++) p.record(good.stats, step(4, 4), 40);
+    p.record(one.stats, step(4, 1), 40);
+    p.record(none.stats, step(4, 0), 40);
+  }
+  assert.deepEqual([depths[0], depths.at(-1)], [3, 1], `${depths}`);
+  assert.ok(depths.every((d, i) => i === 0 || d <= depths[i - 1]), `${depths}`);
+  assert.deepEqual(p.plan([one, seq(40), none], measured).caps, [1, 3, 0]);
   // Fixed costs (the bench's) replace the measured ones: cheap rows, the deepest.
   const cheap = new SpeculationPolicy({
     rows: 7,

@@ -245,6 +245,7 @@ export class Sequence {
             drafted: this.spec.drafted,
             accepted: this.spec.accepted,
             pooled: this.spec.pooled,
+            pooledAccepted: this.spec.pooledAccepted,
             checks: this.spec.checks,
             failures: this.spec.failures,
             byRows: Array.from(this.spec.byRows, (n) => n ?? 0),

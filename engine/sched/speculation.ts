@@ -21,11 +21,15 @@ import { bestDepth, type GroupProfile, groupsOf, Profile, type SpecGroup } from 
 
 /** A sequence's speculation, as the policy keeps it (on `Sequence.spec`). */
 export interface SpecStats {
-  /** Verification steps it took part in, drafts proposed (from the pool), drafts accepted. */
+  /**
+   * Verification steps it took part in, drafts proposed (those from the n-gram pool of guesses),
+   * drafts accepted (those from the pool).
+   */
   steps: number;
   drafted: number;
   pooled: number;
   accepted: number;
+  pooledAccepted: number;
   /** Verification steps by the rows per slot of their pass (index R). */
   byRows: number[];
   /** Moving average of the tokens a verification step gave it (≥ 1). */
@@ -49,6 +53,7 @@ export function newSpecStats(allowed: boolean): SpecStats {
     drafted: 0,
     pooled: 0,
     accepted: 0,
+    pooledAccepted: 0,
     byRows,
     gain: 2,
     pausedFor: 0,
@@ -158,6 +163,7 @@ export class SpeculationPolicy {
     drafted: 0,
     pooled: 0,
     accepted: 0,
+    pooledAccepted: 0,
     checks: 0,
     failures: 0,
     /** The largest relative distance a cross-check measured. */
@@ -308,20 +314,25 @@ export class SpeculationPolicy {
    */
   record(stats: SpecStats, step: BookedStep, context: number): void {
     if (step.check !== undefined) this.#checked(stats, step.check);
+    if (!stats.allowed) return; // it rode along, drafting nothing (it opted out)
     if (stats.pausedFor > 0 && step.drafted === 0) {
       stats.pausedFor--; // a paused sequence counts its steps towards its comeback
       return;
     }
+    // The pool's drafts are the last ones: those accepted are the accepted past lookup's.
+    const pooledAccepted = Math.max(0, step.accepted - (step.drafted - step.pooled));
     stats.steps++;
     stats.drafted += step.drafted;
     stats.pooled += step.pooled;
     stats.accepted += step.accepted;
+    stats.pooledAccepted += pooledAccepted;
     stats.byRows[step.rows] = (stats.byRows[step.rows] ?? 0) + 1;
     const t = this.totals;
     t.steps++;
     t.drafted += step.drafted;
     t.pooled += step.pooled;
     t.accepted += step.accepted;
+    t.pooledAccepted += pooledAccepted;
     this.groupOf(context).book(step);
     stats.profile.book(step);
     stats.gain += RATE * (1 + step.accepted - stats.gain);
@@ -331,15 +342,18 @@ export class SpeculationPolicy {
     }
   }
 
-  /** A cross-check's outcome: the sequence's and the window's breakers. */
+  /**
+   * A cross-check's outcome: the window's breaker, and the sequence's when it speculates (a
+   * sequence that opted out rides along in the pass; the check is the engine's).
+   */
   #checked(stats: SpecStats, distance: number): void {
     const failed = !(distance < this.tuning.checkTolerance); // NaN fails
     this.totals.maxDistance = Math.max(this.totals.maxDistance, distance || 0);
-    stats.checks++;
     this.totals.checks++;
-    if (failed) {
-      stats.failures++;
-      this.totals.failures++;
+    if (failed) this.totals.failures++;
+    if (stats.allowed) {
+      stats.checks++;
+      if (failed) stats.failures++;
     }
     const w = this.#window;
     w.push(failed);

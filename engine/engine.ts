@@ -336,11 +336,12 @@ export class Engine implements EngineLike {
   }
 
   /**
-   * The dispatches of one verification pass over slots [0, slots) at `context` keys, every row
-   * live, for timing; call {@linkcode profileDone} after. Only while idle.
+   * The dispatches of one verification pass of `rows` rows per slot (default the engine's) over
+   * slots [0, slots) at `context` keys, every row live, for timing; call
+   * {@linkcode profileDone} after. Only while idle.
    */
-  profileVerifyStep(slots: number, context: number, k = 0): Dispatch[] {
-    return this.runner.profileVerifyStep(slots, context, k);
+  profileVerifyStep(slots: number, context: number, k = 0, rows?: number): Dispatch[] {
+    return this.runner.profileVerifyStep(slots, context, k, rows);
   }
 
   /** Ends a profile of slots [0, slots): they are done again. */

@@ -251,7 +251,8 @@ export class SpeculationPolicy {
         this.#pausedFor--;
         return plain;
       }
-      if (times.plain === undefined) return plain; // measure a plain step first
+      // Measure a plain step first (unless the costs are given).
+      if (times.plain === undefined && !this.tuning.costs) return plain;
       const cost = (R: number) => this.#cost(R, times);
       for (const g of this.groups) g.choose(cost, MARGIN);
       // Each sequence's own depth, within its group's; then the pass size that pays best.
@@ -303,7 +304,7 @@ export class SpeculationPolicy {
     if (fixed !== undefined) return fixed;
     for (let r = R; r >= 2; r--) {
       const v = times.verify(r);
-      if (v !== undefined) return v / times.plain!;
+      if (v !== undefined && times.plain !== undefined) return v / times.plain;
     }
     return 1;
   }

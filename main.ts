@@ -38,8 +38,9 @@ snapshot lands shortly after, and the response's session.persisted_at_ms is null
 --kv-warm-mb N: packed KV blocks Deno KV keeps (default 512); past that, the least recently
 updated sessions' blocks move to files in --kv-cold DIR (default PATH.cold; for a remote KV URL,
 none unless given: its blocks then all stay in it).
---speculate auto (default) drafts tokens from each sequence's own text and verifies them in one
-pass where that is faster (the tokens are exactly those of plain decoding); off never does.
+--speculate auto (default) drafts tokens from each sequence's own text and the model's own earlier
+guesses and verifies them in one pass where that is faster (the tokens are exactly those of plain
+decoding); off never does (docs/speculation.md).
 generate --replay SESSION runs the session's recorded turns (its last 8) from the store at --kv
 PATH again and compares tokens and fingerprints of the hidden states: it prints the first
 divergence, and exits 1 when there is one (SESSION: the id a client sent; on a server with API
@@ -202,7 +203,11 @@ async function generate(args: string[]): Promise<void> {
       finish_reason: r.finishReason,
       seed: r.seed.toString(),
       ttft_ms: r.ttftMs,
-      speculation: r.speculation ?? { steps: 0, drafted: 0, accepted: 0 },
+      speculation: {
+        steps: r.speculation?.steps ?? 0,
+        drafted: r.speculation?.drafted ?? 0,
+        accepted: r.speculation?.accepted ?? 0,
+      },
     }));
   } else {
     console.log();

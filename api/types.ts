@@ -120,9 +120,21 @@ export interface GenerationResult {
   persistedAt?: number;
   /**
    * When the engine speculated for it: verification steps, drafts proposed and drafts accepted
-   * (every accepted draft is a token the step gave beyond its own).
+   * (every accepted draft is a token the step gave beyond its own); beside them, the drafts that
+   * came from the n-gram pool of the model's guesses (and were accepted), the steps
+   * cross-checked against the plain path and those that failed, and the verification steps by
+   * the rows per slot of their pass (index R).
    */
-  speculation?: { steps: number; drafted: number; accepted: number };
+  speculation?: {
+    steps: number;
+    drafted: number;
+    accepted: number;
+    pooled?: number;
+    pooledAccepted?: number;
+    checks?: number;
+    failures?: number;
+    byRows?: number[];
+  };
   /**
    * Per generated token, the fingerprint of the hidden state that produced it (a 32-bit SimHash,
    * kernels/fingerprint.wgsl): replays compare them (`EngineLike.replaySession`).
@@ -216,12 +228,40 @@ export interface KvStats {
 export interface SpeculationStats {
   /** "off" (never), "auto" (when it pays) or "on" (always). */
   mode: "off" | "auto" | "on";
-  /** Why the last decode submission was plain although speculation may run (else absent). */
+  /**
+   * Why speculation does not run although the mode allows it: the failure breaker (off until
+   * switched on again), or why the last decode submission was plain (else absent).
+   */
   pausedBecause?: string;
+  /** The failure breaker turned it off (until `setSpeculation` switches it on again). */
+  tripped?: boolean;
   /** Verification steps (one per sequence per pass), drafts proposed, drafts accepted. */
   steps: number;
   drafted: number;
   accepted: number;
+  /** Drafts that came from the n-gram pool of the model's own guesses, and those accepted. */
+  pooled?: number;
+  pooledAccepted?: number;
+  /**
+   * Verification steps cross-checked against the plain path, those that failed, and the
+   * largest ‖h_verify − h_plain‖ / mean ‖h‖ measured.
+   */
+  checks?: number;
+  failures?: number;
+  maxDistance?: number;
+  /** The length groups: their contexts, counts and the draft depth each chose. */
+  groups?: SpeculationGroupStats[];
+}
+
+/** One length group of speculation (engine/sched/spec_groups.ts). */
+export interface SpeculationGroupStats {
+  /** "<128", "128-511", "512+" with the default bounds. */
+  name: string;
+  steps: number;
+  drafted: number;
+  accepted: number;
+  /** Draft depth it runs now (0: it does not speculate now). */
+  depth: number;
 }
 
 /** One layer's precision, for /metrics and /health. */

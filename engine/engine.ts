@@ -44,7 +44,7 @@ import { Sessions } from "./sessions/sessions.ts";
 import { type HostStats, Loop } from "./sched/loop.ts";
 import { Scheduler } from "./sched/scheduler.ts";
 import { Sequence } from "./sched/sequence.ts";
-import { SpeculationPolicy } from "./sched/speculation.ts";
+import { SpeculationPolicy, type SpeculationTuning } from "./sched/speculation.ts";
 import { ConstraintCompiler, ConstraintImages } from "./constraints.ts";
 import { replayTurns } from "./replay.ts";
 import { type EngineOptions, poolBlocks, type Settled, settleOptions } from "./options.ts";
@@ -94,6 +94,7 @@ export class Engine implements EngineLike {
       compiler: ConstraintCompiler;
       store?: SessionStore;
       precision?: Partial<PrecisionThresholds>;
+      speculation?: Partial<SpeculationTuning>;
     },
   ) {
     this.modelId = model.id;
@@ -108,7 +109,11 @@ export class Engine implements EngineLike {
     this.#compiler = parts.compiler;
     this.#sched = new Scheduler(opts);
     this.#sessions = new Sessions(parts.kv, model.id, parts.store);
-    this.#speculation = new SpeculationPolicy({ rows: this.runner.specRows, mode: opts.speculate });
+    this.#speculation = new SpeculationPolicy({
+      rows: this.runner.specRows,
+      mode: opts.speculate,
+      tuning: parts.speculation,
+    });
     this.#loop = new Loop({
       runner: this.runner,
       scheduler: this.#sched,
@@ -166,10 +171,11 @@ export class Engine implements EngineLike {
         topK: TOP_K,
         specRows: opts.speculate === "off" ? 1 : opts.drafts + 1,
         mask: opts.mask,
+        draftPool: options.speculation?.pool ?? true,
       },
     });
-    const precision = options.precision;
-    return new Engine(gpu, model, opts, { kv, runner, compiler, store: options.store, precision });
+    const { precision, store } = options, { pool: _, ...speculation } = options.speculation ?? {};
+    return new Engine(gpu, model, opts, { kv, runner, compiler, store, precision, speculation });
   }
 
   encode(text: string): number[] {
@@ -265,7 +271,15 @@ export class Engine implements EngineLike {
 
   speculationStats(): SpeculationStats {
     const p = this.#speculation;
-    return { mode: p.mode, ...(p.reason ? { pausedBecause: p.reason } : {}), ...p.totals };
+    const groups = p.profiles().map(({ name, steps, drafted, accepted, depth }) => ({
+      name,
+      steps,
+      drafted,
+      accepted,
+      depth,
+    }));
+    const why = p.reason ? { pausedBecause: p.reason } : {};
+    return { mode: p.mode, ...why, tripped: p.tripped, ...p.totals, groups };
   }
 
   setSpeculation(mode: "off" | "auto"): Promise<void> {
@@ -324,11 +338,12 @@ export class Engine implements EngineLike {
   }
 
   /**
-   * The dispatches of one verification pass over slots [0, slots) at `context` keys, every row
-   * live, for timing; call {@linkcode profileDone} after. Only while idle.
+   * The dispatches of one verification pass of `rows` rows per slot (default the engine's) over
+   * slots [0, slots) at `context` keys, every row live, for timing; call
+   * {@linkcode profileDone} after. Only while idle.
    */
-  profileVerifyStep(slots: number, context: number, k = 0): Dispatch[] {
-    return this.runner.profileVerifyStep(slots, context, k);
+  profileVerifyStep(slots: number, context: number, k = 0, rows?: number): Dispatch[] {
+    return this.runner.profileVerifyStep(slots, context, k, rows);
   }
 
   /** Ends a profile of slots [0, slots): they are done again. */

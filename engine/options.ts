@@ -12,6 +12,7 @@ import { BLOCK } from "./kv/blocks.ts";
 import { kvBlockBytes } from "./kv/pool.ts";
 import type { SessionStore } from "./sessions/store.ts";
 import type { PrecisionThresholds } from "./sched/precision.ts";
+import { checkTuning, DEFAULT_TUNING, type SpeculationTuning } from "./sched/speculation.ts";
 
 /** Options for {@linkcode Engine.load}. */
 export interface EngineOptions {
@@ -60,6 +61,12 @@ export interface EngineOptions {
   /** Drafts per verification step at most (default 4; rows per slot are one more). */
   drafts?: number;
   /**
+   * Speculation's policy knobs (engine/sched/speculation.ts: cross-check cadence and tolerance,
+   * the failure breaker, the length groups; tests force the breakers with them), and whether
+   * drafts also come from the n-gram pool of the model's guesses (`pool`, default true).
+   */
+  speculation?: Partial<SpeculationTuning> & { pool?: boolean };
+  /**
    * Streaming attention (docs/long_context.md): every query sees the first `sinks` tokens and
    * the last `window` (itself included) instead of the model's mask, so a sequence runs on past
    * what fits without prefilling again: the blocks behind the window go back to the pool as it
@@ -88,7 +95,14 @@ export type Settled =
   & Required<
     Omit<
       EngineOptions,
-      "gpu" | "kvBlocks" | "store" | "attentionSinks" | "quantize" | "fallback" | "precision"
+      | "gpu"
+      | "kvBlocks"
+      | "store"
+      | "attentionSinks"
+      | "quantize"
+      | "fallback"
+      | "precision"
+      | "speculation"
     >
   >
   & { mask: AttentionMask };
@@ -120,6 +134,8 @@ export function settleOptions(gpu: Gpu, cfg: ModelConfig, options: EngineOptions
   if (!["off", "auto", "on"].includes(opts.speculate)) {
     throw new Error(`--speculate must be off, auto or on; got '${opts.speculate}'`);
   }
+  const { pool: _, ...tuning } = options.speculation ?? {};
+  checkTuning({ ...DEFAULT_TUNING, ...tuning });
   if (!(Number.isInteger(opts.drafts) && opts.drafts >= 1 && opts.drafts < MAX_SPEC_ROWS)) {
     throw new Error(
       `--drafts must be an integer from 1 to ${MAX_SPEC_ROWS - 1}; got ${opts.drafts}`,

@@ -8,8 +8,8 @@ import { type Dispatch, params, uniform } from "../gpu/dispatch.ts";
 import { pipeline } from "./pipeline.ts";
 import { bindAt, type Binding } from "./sample.ts";
 
-/** lowbias32, as fingerprint.wgsl's `mix`. */
-function mix(v: number): number {
+/** lowbias32, as fingerprint.wgsl's `mix` (and speculate.wgsl's pool hash). */
+export function mix(v: number): number {
   let h = v >>> 0;
   h ^= h >>> 16;
   h = Math.imul(h, 0x7feb352d) >>> 0;

@@ -29,6 +29,7 @@ struct Params {
 
 const WG: u32 = 64u;
 const BITS: u32 = 32u;
+const NO_CHECK: u32 = 0xbf800000u; // kernels/cross_check.ts NO_CHECK
 
 var<workgroup> part: array<array<f32, WG>, BITS>;
 
@@ -80,6 +81,11 @@ fn fingerprint(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_inde
       f |= select(0u, 1u << j, part[j][0] > 0.0);
     }
     let seq = p.seq_base + r / p.rows_per_seq;
-    fp_ring[p.ring_offset + seq * p.ring_stride + r % p.rows_per_seq] = f;
+    let e = p.ring_offset + seq * p.ring_stride;
+    fp_ring[e + r % p.rows_per_seq] = f;
+    // A verification step's spare entry R holds its cross-check (cross_check.wgsl), if any.
+    if (p.rows_per_seq > 1u && r % p.rows_per_seq == p.rows_per_seq - 1u) {
+      fp_ring[e + p.rows_per_seq] = NO_CHECK;
+    }
   }
 }

@@ -1,23 +1,39 @@
 // Speculative decoding inside the GPU-resident loop: drafts from each sequence's own history
-// (prompt-lookup decoding), verified by one forward pass of R = k + 1 rows per slot, accepted as
-// the longest prefix the model samples itself. No token travels to the host in between.
+// (prompt-lookup decoding) and from a pool of the model's own guesses (lookahead / Jacobi
+// n-grams), verified by one forward pass of R = k + 1 rows per slot, accepted as the longest
+// prefix the model samples itself. No token travels to the host in between.
 //
 // spec_begin (a workgroup per slot): the slot's rows for this step. Row 0 is the token the last
-// step sampled (next_tok, at position L = seq_len); rows 1..d are drafts: the d tokens that
-// followed the most recent earlier occurrence of the history's longest suffix (up to NGRAM
-// tokens, at least NGRAM_MIN) in hist[0..L]. d is at most the slot's adaptive depth
-// (slot_state.w), the host's cap (spec_cap) and R - 1, and leaves row d's sample within the token
-// budget. Live row j gets the KV write position L + j and attends L + j + 1 keys; rows past d
-// and every row of a done slot are dead: they write KV at the trash position and attend nothing.
+// step sampled (next_tok, at position L = seq_len); rows 1..d are drafts, at most
+// D = min(the host's cap spec_cap, R - 1, tokens allowed - 1):
+//   1. lookup: the latest earlier occurrence of the history's longest suffix (up to NGRAM tokens,
+//      at least NGRAM_MIN) in hist[0..L]; the drafts are the tokens that followed it, copied on
+//      past L as an overlapping copy (draft j after occurrence e is the token at e + j, a draft
+//      itself once e + j > L), so a phrase that repeats drafts at full depth;
+//   2. pool (POOL): the rows lookup left, or all of them when it found nothing, continue from the
+//      last token so far with the guesses the slot's n-gram pool holds under it, chained while
+//      entries follow.
+// Live row j gets the KV write position L + j and attends L + j + 1 keys; rows past d and every
+// row of a done slot are dead: they write KV at the trash position and attend nothing. The
+// plain path's cross-check (engine/runner/verify.ts) reads check_pos / check_len: row 0's.
 //
 // spec_end (a thread per slot): row j sampled the token for position L + j + 1 exactly as plain
 // decoding would (the sampler's counter is that position and its penalties count rows 1..j as
 // already generated). Row j's sample is valid when drafts 1..j were what the model sampled before
 // them: accept rows 0..m, m = the leading drafts that match, cut by the token budget and at the
-// first EOS. Accepted tokens go to the ring (entries 0..a-1 of the slot's R + 1, the rest
-// NO_TOKEN; entry R holds (drafted d, drafts accepted)), the history and the penalty counts;
-// seq_len advances by a, so the KV of rejected rows is simply written again later. The depth
-// grows after a step that took every draft and falls to what was taken otherwise.
+// first EOS. Accepted tokens go to the ring (entries 0..a-1 of the slot's, the rest NO_TOKEN;
+// entry R holds (drafted d | pool drafts << 8 | drafts allowed << 16, drafts accepted)), the
+// history and the penalty counts; seq_len advances by a, so the KV of rejected rows is simply
+// written again later. How deep a slot drafts is the host's choice (engine/sched/speculation.ts:
+// per sequence and length group, by acceptance and the cost of the pass): drafts within a pass's
+// rows cost next to nothing, so each step drafts as deep as the cap lets it.
+//
+// The pool (lookahead decoding's n-gram pool, grown from the verification rows themselves): when
+// draft m + 1 is rejected, rows m + 1..d still sampled what the model expects at positions
+// L + m + 2.., conditioned on a draft that was wrong by one token. They are stored under the token
+// accepted at the mismatch (sampled[m]), which is the next step's row 0: a Jacobi iteration's next
+// guess, and an n-gram the model proposed for whenever that token comes again. Direct-mapped,
+// POOL_ENTRIES per slot, keyed by a hash of the token; the newest guess replaces.
 
 struct Params {
   slot_begin: u32,
@@ -28,11 +44,15 @@ struct Params {
   vocab: u32,
   ring_offset: u32, // entry offset of this step's row in the ring (spec_end)
   n_eos: u32,
+  ring_stride: u32, // ring entries per slot (>= R + 1)
+  _pad0: u32,
+  _pad1: u32,
+  _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> seq_len: array<u32>; // [S]
-// x = done, y = tokens still allowed, z = stop at EOS, w = draft depth
+// x = done, y = tokens still allowed, z = stop at EOS, w unused here
 @group(0) @binding(2) var<storage, read_write> slot_state: array<vec4<u32>>; // [S]
 @group(0) @binding(3) var<storage, read_write> next_tok: array<u32>; // [S]
 @group(0) @binding(4) var<storage, read_write> hist: array<u32>; // [S, H] tokens by position
@@ -40,18 +60,28 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> row_pos: array<u32>; // [S, R] KV write position
 @group(0) @binding(7) var<storage, read_write> row_len: array<u32>; // [S, R] keys attended
 @group(0) @binding(8) var<storage, read_write> sampled: array<vec2<u32>>; // [S, R]
-@group(0) @binding(9) var<storage, read_write> ring: array<vec2<u32>>; // [.., S, R + 1]
+@group(0) @binding(9) var<storage, read_write> ring: array<vec2<u32>>; // [.., S, stride]
 @group(0) @binding(10) var<storage, read_write> counts: array<u32>; // [S, V]
 @group(0) @binding(11) var<storage, read_write> eos: array<u32>; // [n_eos]
 // Most drafts per step a slot may take, set by the host (0: this sequence does not speculate).
 @group(0) @binding(12) var<storage, read> spec_cap: array<u32>; // [S]
+// [S, POOL_WORDS]: word 0, the current step's pool drafts | the host's cap within the rows << 16
+// (spec_begin -> spec_end); then
+// POOL_ENTRIES entries of 16 words: key | length << 24 (length 0: empty), 15 guessed tokens.
+@group(0) @binding(13) var<storage, read_write> pool: array<u32>;
+// [S]: where the plain path's cross-check of row 0 writes KV, and the keys it attends.
+@group(0) @binding(14) var<storage, read_write> check_pos: array<u32>;
+@group(0) @binding(15) var<storage, read_write> check_len: array<u32>;
 
 override WG: u32 = 64u; // spec_begin threads per slot
 override NGRAM: u32 = 3u; // longest suffix matched
 override NGRAM_MIN: u32 = 1u; // shortest suffix that drafts (>= 1)
 override NO_TOKEN: u32;
+override POOL_ENTRIES: u32 = 128u; // a power of two
+override POOL: bool = true; // draft from the pool too
 const RMAX: u32 = 16u;
-const NONE: u32 = 0xffffffffu;
+const ENTRY: u32 = 16u; // words per pool entry
+override POOL_WORDS: u32 = 1u + POOL_ENTRIES * ENTRY;
 
 // Best match so far: (suffix length << 24) | end position, the larger the better (longer
 // suffix, then later occurrence).
@@ -68,6 +98,22 @@ fn match_len(base: u32, e: u32, last: u32) -> u32 {
     n = q + 1u;
   }
   return n;
+}
+
+// lowbias32 (Chris Wellons), as fingerprint.wgsl.
+fn mix(v: u32) -> u32 {
+  var h = v;
+  h ^= h >> 16u;
+  h *= 0x7feb352du;
+  h ^= h >> 15u;
+  h *= 0x846ca68bu;
+  h ^= h >> 16u;
+  return h;
+}
+
+// Word offset of the pool entry of `key` in slot s's pool.
+fn entry_of(s: u32, key: u32) -> u32 {
+  return s * POOL_WORDS + 1u + (mix(key) & (POOL_ENTRIES - 1u)) * ENTRY;
 }
 
 @compute @workgroup_size(WG)
@@ -99,17 +145,47 @@ fn spec_begin(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_index)
     return;
   }
   let found = atomicLoad(&best);
-  // Drafts: what followed the occurrence, up to the depth, the budget (row d samples position
-  // L + d + 1, and st.y tokens may still be sampled) and the history written so far.
-  var d = 0u;
-  if (running && found != 0u) {
-    let e = found & 0xffffffu;
-    d = min(min(st.w, spec_cap[s]), min(p.rows - 1u, min(L - e, st.y - 1u)));
+  // At most D drafts: the cap, the rows, and the budget (row d samples position L + d + 1, and
+  // st.y tokens may still be sampled).
+  var D = 0u;
+  if (running) {
+    D = min(spec_cap[s], min(p.rows - 1u, st.y - 1u));
   }
+  var drafts: array<u32, RMAX>;
+  var d = 0u;
+  if (found != 0u) {
+    let e = found & 0xffffffu;
+    let span = L - e;
+    for (; d < D; d++) {
+      if (d < span) {
+        drafts[d] = hist[base + e + 1u + d];
+      } else {
+        drafts[d] = drafts[d - span];
+      }
+    }
+  }
+  let lookup = d;
+  if (POOL) {
+    var t = select(next_tok[s], drafts[max(d, 1u) - 1u], d > 0u);
+    while (d < D) {
+      let at = entry_of(s, t);
+      let head = pool[at];
+      let n = min(head >> 24u, D - d);
+      if ((head & 0xffffffu) != t || n == 0u) {
+        break;
+      }
+      for (var i = 0u; i < n; i++) {
+        drafts[d + i] = pool[at + 1u + i];
+      }
+      d += n;
+      t = drafts[d - 1u];
+    }
+  }
+  pool[s * POOL_WORDS] = (d - lookup) | (min(spec_cap[s], p.rows - 1u) << 16u);
   for (var j = 0u; j < p.rows; j++) {
     let r = r0 + j;
     if (running && j <= d) {
-      row_tok[r] = select(hist[base + (found & 0xffffffu) + j], next_tok[s], j == 0u);
+      row_tok[r] = select(drafts[max(j, 1u) - 1u], next_tok[s], j == 0u);
       row_pos[r] = L + j;
       row_len[r] = L + j + 1u;
     } else {
@@ -118,6 +194,8 @@ fn spec_begin(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_index)
       row_len[r] = 0u;
     }
   }
+  check_pos[s] = select(p.trash_pos, L, running);
+  check_len[s] = select(0u, L + 1u, running);
 }
 
 fn is_eos(t: u32) -> bool {
@@ -135,11 +213,10 @@ fn spec_end(@builtin(global_invocation_id) g: vec3u) {
   if (s >= p.slot_end) {
     return;
   }
-  let E = p.rows + 1u;
-  let out = p.ring_offset + s * E;
+  let out = p.ring_offset + s * p.ring_stride;
   var st = slot_state[s];
   if (st.x != 0u) {
-    for (var j = 0u; j < E; j++) {
+    for (var j = 0u; j <= p.rows; j++) {
       ring[out + j] = vec2<u32>(NO_TOKEN, 0u);
     }
     return;
@@ -179,16 +256,22 @@ fn spec_end(@builtin(global_invocation_id) g: vec3u) {
       ring[out + j] = vec2<u32>(NO_TOKEN, 0u);
     }
   }
-  ring[out + p.rows] = vec2<u32>(d, min(m, a - 1u));
+  // (drafted | pool drafts << 8 | drafts the host allowed << 16, accepted)
+  let hdr = pool[s * POOL_WORDS];
+  ring[out + p.rows] = vec2<u32>(d | ((hdr & 0xffu) << 8u) | (hdr & 0xff0000u), min(m, a - 1u));
+  // The rows after the first rejected draft: the model's guesses past the token it chose there.
+  if (m < d) {
+    let key = sampled[r0 + m].x;
+    let n = d - m;
+    let at = entry_of(s, key);
+    pool[at] = key | (n << 24u);
+    for (var i = 0u; i < n; i++) {
+      pool[at + 1u + i] = sampled[r0 + m + 1u + i].x;
+    }
+  }
   seq_len[s] = L + a;
   next_tok[s] = sampled[r0 + a - 1u].x;
   st.y -= a;
-  // Depth: one more after a step that took every draft, else what this one took (at least 1).
-  if (d > 0u && m == d) {
-    st.w = min(st.w + 1u, p.rows - 1u);
-  } else if (d > 0u) {
-    st.w = max(m, 1u);
-  }
   if (stop) {
     st.x = 1u;
   }

@@ -11,7 +11,7 @@ import { pipeline } from "./pipeline.ts";
 export const NO_TOKEN = 0xffffffff;
 /** Bytes of one ring entry: (token id u32, logprob f32). */
 export const RING_ENTRY_BYTES = 8;
-/** Bytes of one slot's state: vec4<u32> (done, tokens still allowed, stop at EOS, draft depth). */
+/** Bytes of one slot's state: vec4<u32> (done, tokens still allowed, stop at EOS, spare). */
 export const SLOT_STATE_BYTES = 16;
 
 /** What a slot's state says: running with a token budget, or done. */
@@ -22,13 +22,11 @@ export interface SlotState {
   remaining: number;
   /** Stop at the model's EOS tokens. */
   stopAtEos: boolean;
-  /** Speculation's adaptive draft depth (kernels/speculate.wgsl; default 0). */
-  depth?: number;
 }
 
 /** The {@linkcode SLOT_STATE_BYTES} of `s`, as step.wgsl reads them. */
 export function slotStateWords(s: SlotState): Uint32Array<ArrayBuffer> {
-  return Uint32Array.of(s.done ? 1 : 0, s.remaining, s.stopAtEos ? 1 : 0, s.depth ?? 0);
+  return Uint32Array.of(s.done ? 1 : 0, s.remaining, s.stopAtEos ? 1 : 0, 0);
 }
 
 /** The state of a slot that produces nothing (the initial state of every slot). */

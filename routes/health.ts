@@ -3,15 +3,32 @@ import { Hono } from "hono";
 import type { PrecisionStats, SpeculationStats } from "../api/types.ts";
 import type { ServerContext } from "./context.ts";
 
-/** Speculation's state as JSON: the mode, why it paused, and the share of drafts accepted. */
+/**
+ * Speculation's state as JSON: the mode, why it paused (the failure breaker says so until it is
+ * switched on again), the share of drafts accepted, the drafts from the pool of guesses, the
+ * cross-checks against the plain path, and each length group's counts and draft depth.
+ */
 export function speculationJson(s: SpeculationStats) {
   return {
     mode: s.mode,
     paused_because: s.pausedBecause ?? null,
+    tripped: s.tripped ?? false,
     steps: s.steps,
     drafted: s.drafted,
     accepted: s.accepted,
     acceptance: s.drafted > 0 ? s.accepted / s.drafted : null,
+    pooled: s.pooled ?? 0,
+    pooled_accepted: s.pooledAccepted ?? 0,
+    checks: s.checks ?? 0,
+    check_failures: s.failures ?? 0,
+    check_max_distance: s.maxDistance ?? 0,
+    groups: (s.groups ?? []).map((g) => ({
+      context: g.name,
+      steps: g.steps,
+      drafted: g.drafted,
+      accepted: g.accepted,
+      depth: g.depth,
+    })),
   };
 }
 

@@ -21,10 +21,22 @@
  * | `strata_layer_out_of_range_total`      | counter   | layer                  |
  * | `strata_precision_fallbacks_total`     | counter   | direction (to_16bit, back) |
  * | `strata_precision_batches_total`       | counter   |                        |
+ * | `strata_speculation_tokens_total`      | counter   | kind (drafted, accepted, pooled, pooled_accepted) |
+ * | `strata_speculation_steps_total`       | counter   |                        |
+ * | `strata_speculation_mode`              | gauge     | mode (off, auto, on)   |
+ * | `strata_speculation_checks_total`      | counter   | result (passed, failed) |
+ * | `strata_speculation_tripped`           | gauge     |                        |
+ * | `strata_speculation_group_tokens_total` | counter  | group, kind (drafted, accepted) |
+ * | `strata_speculation_group_steps_total` | counter   | group                  |
+ * | `strata_speculation_group_depth`       | gauge     | group                  |
  *
  * The precision series exist for quantized models only (`--quantize`, GGUF block types): each
  * layer's bits per weight now (16 after the monitor switched it to its 16-bit weights), how often
- * its inputs left the safe range, and the switches (docs/quantization.md).
+ * its inputs left the safe range, and the switches (docs/quantization.md). Speculation's series
+ * (docs/speculation.md): drafts proposed and accepted (`pooled`, `pooled_accepted`: those from the
+ * n-gram pool of guesses), cross-checks against the plain path, whether the failure breaker has
+ * turned it off (its reason is in /health), and per length group (`group`: "<128", "128-511",
+ * "512+") the counts and the draft depth it runs now.
  */
 import { Hono } from "hono";
 import type { EngineLike } from "../api/types.ts";
@@ -130,6 +142,8 @@ export function createMetrics(engine: EngineLike): ServerMetrics {
         return [
           { labels: { kind: "drafted" }, value: s.drafted },
           { labels: { kind: "accepted" }, value: s.accepted },
+          { labels: { kind: "pooled" }, value: s.pooled ?? 0 },
+          { labels: { kind: "pooled_accepted" }, value: s.pooledAccepted ?? 0 },
         ];
       },
     ),
@@ -156,6 +170,7 @@ export function createMetrics(engine: EngineLike): ServerMetrics {
       },
     ),
   );
+  speculationGroups(r, engine);
   r.add(
     new Gauge("strata_websocket_connections", "Open WebSocket connections.", () => [
       { labels: {}, value: sockets.open },
@@ -215,4 +230,52 @@ export function metricsRoutes(metrics: ServerMetrics): Hono {
     c.body(metrics.registry.render(), 200, {
       "Content-Type": "text/plain; version=0.0.4; charset=utf-8",
     }));
+}
+
+/** Speculation's cross-checks, its breaker and its length groups (see the module doc). */
+function speculationGroups(r: Registry, engine: EngineLike): void {
+  const stats = () => engine.speculationStats();
+  const groups = () => stats().groups ?? [];
+  r.add(
+    new Counter(
+      "strata_speculation_checks_total",
+      "Verification steps cross-checked against the plain path, by result.",
+      () => [
+        { labels: { result: "passed" }, value: (stats().checks ?? 0) - (stats().failures ?? 0) },
+        { labels: { result: "failed" }, value: stats().failures ?? 0 },
+      ],
+    ),
+  );
+  r.add(
+    new Gauge(
+      "strata_speculation_tripped",
+      "1 while failed cross-checks keep speculation off (the reason: /health).",
+      () => [{ labels: {}, value: stats().tripped ? 1 : 0 }],
+    ),
+  );
+  r.add(
+    new Counter(
+      "strata_speculation_group_tokens_total",
+      "Drafts proposed and accepted, by the length group of the sequence's context.",
+      () =>
+        groups().flatMap((g) => [
+          { labels: { group: g.name, kind: "drafted" }, value: g.drafted },
+          { labels: { group: g.name, kind: "accepted" }, value: g.accepted },
+        ]),
+    ),
+  );
+  r.add(
+    new Counter(
+      "strata_speculation_group_steps_total",
+      "Verification steps by the length group of the sequence's context.",
+      () => groups().map((g) => ({ labels: { group: g.name }, value: g.steps })),
+    ),
+  );
+  r.add(
+    new Gauge(
+      "strata_speculation_group_depth",
+      "Draft depth each length group runs now (0: it does not speculate now).",
+      () => groups().map((g) => ({ labels: { group: g.name }, value: g.depth })),
+    ),
+  );
 }

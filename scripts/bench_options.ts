@@ -176,8 +176,9 @@ Defaults depend on the adapter: thorough on a GPU; on a CPU adapter (llvmpipe, l
 SwiftShader) small enough to finish in about a minute. "default A; CPU B" below means A on a GPU
 and B on a CPU adapter; flags given always win.
 
-  --speculate          measure speculative decoding instead (acceptance on the model, the cost
-                       of a verification pass on a shape): see deno task bench --speculate --help
+  --speculate          measure speculative decoding instead (acceptance on the model per
+                       length group, the cost of a verification pass on a shape, their
+                       combination): see deno task bench --speculate --help
   --constrained        measure constrained decoding instead (json_schema against unconstrained
                        tok/s, alone and batched; compile time): deno task bench --constrained --help
   --model DIR          model folder (default models/strata-default)

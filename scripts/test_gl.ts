@@ -18,6 +18,8 @@ export const GL_FILES = [
   "tests/sampling_test.ts",
   "tests/kernels_constraint_test.ts",
   "tests/kernels_fingerprint_test.ts",
+  "tests/kernels_cross_check_test.ts",
+  "tests/speculate_kernels_test.ts",
 ];
 
 /** What the GL runs add to the environment. */

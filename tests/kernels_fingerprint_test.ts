@@ -13,6 +13,7 @@ import {
   fingerprintRef,
   projectionsRef,
 } from "../kernels/fingerprint.ts";
+import { NO_CHECK } from "../kernels/cross_check.ts";
 import { rng, testGpu } from "./util.ts";
 
 /** Bits where the reference is decided: the projection is well away from zero. */
@@ -58,8 +59,10 @@ for (const hidden of [1, 37, 300, 2048]) {
       const m = decided(row(i));
       assert.equal((got[e] & m) >>> 0, (fingerprintRef(row(i)) & m) >>> 0, `row ${i}`);
     }
-    // the entry after each sequence's R rows (a verification pass's counts) is left alone
-    for (let s = 0; s < rows / R; s++) assert.equal(got[ringOffset + s * stride + R], 0);
+    // the entry after each sequence's R rows (its cross-check's) is marked unchecked
+    for (let s = 0; s < rows / R; s++) {
+      assert.equal(got[ringOffset + s * stride + R], NO_CHECK);
+    }
     // prefill: row 7 into slot 2's entry of a plain ring (stride 1)
     const pre = { ...bufs, fpRing: createStorage(gpu, 64) };
     await run(gpu, [

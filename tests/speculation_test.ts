@@ -3,7 +3,8 @@
  * with GQA, MQA, tied embeddings and biases, greedy and seeded sampling with every sampler
  * option (top-k/p, min-p, penalties), alone and in batches, with 1 to 16 steps per submission,
  * an engine that verifies drafts gives exactly the tokens (and logprobs) of one that does not.
- * On the trained default model, repetitive text gets drafts accepted.
+ * On the trained default model, repetitive text gets drafts accepted, and free text drafts from
+ * the n-gram pool of the model's guesses that are accepted.
  */
 import assert from "node:assert/strict";
 import { sampling, type SamplingOptions } from "../api/types.ts";
@@ -138,15 +139,26 @@ Deno.test("speculation: steps per submission and a request that opts out change 
   });
 });
 
-Deno.test("speculation: the default model accepts drafts on repetitive text", async () => {
+Deno.test("speculation: the default model accepts drafts on repetitive text, and the pool's", async () => {
   await testGpu();
   const dir = new URL("../models/strata-default", import.meta.url).pathname;
-  const plain = await Engine.load(dir, { maxSlots: 2 });
-  const spec = await Engine.load(dir, { maxSlots: 2, speculate: "on" });
+  // A small KV pool: the default's (512 MiB of f32 blocks) is zeroed at load on a CPU adapter.
+  const opts = { maxSlots: 2, kvBlocks: 160 };
+  const plain = await Engine.load(dir, opts);
+  const spec = await Engine.load(dir, { ...opts, speculate: "on" });
+  // Free text: the model's own guesses draft where its short history has nothing to copy
+  // (bench --speculate compares with lookup alone: its "lookup" column).
+  const free = plain.encode("Once upon a time, in a land far away, there lived");
+  const want = await run(plain, free, sampling({ maxTokens: 40 }));
+  const pooled = await run(spec, free, sampling({ maxTokens: 40 }));
+  same("free text", want, pooled);
+  const p = pooled.result.speculation!;
+  console.log(`free text: ${JSON.stringify(p)}`);
+  assert.ok(p.pooledAccepted! > 0, "no draft of the pool was accepted");
   const text = "And the LORD spake unto Moses, saying, Speak unto the children of Israel. " +
     "And the LORD spake unto Moses, saying,";
   const promptIds = plain.encode(text);
-  for (const s of [sampling({ maxTokens: 48 }), settings(9)[1]]) {
+  for (const s of [sampling({ maxTokens: 48 }), { ...settings(9)[1], maxTokens: 24 }]) {
     const a = await run(plain, promptIds, s), b = await run(spec, promptIds, s);
     same("default model", a, b);
     const sp = b.result.speculation!;

@@ -29,10 +29,10 @@ import {
 } from "../../kernels/attention_mask.ts";
 import { logitsStatsDispatch } from "../../kernels/logits.ts";
 import { stepDispatch } from "../../kernels/step.ts";
-import { specDispatch } from "../../kernels/speculate.ts";
 import type { SlotConstraints } from "./constraints.ts";
 import type { LiveRows, PrecisionMonitor } from "./monitor.ts";
 import { lmHeadDispatches, memo, StepTail, type TailFlags } from "./step_tail.ts";
+import { VerifyPlans } from "./verify.ts";
 
 /** Weights and scratch, and builders for the dispatches of a prefill chunk and a decode step. */
 export class ForwardPass {
@@ -62,7 +62,8 @@ export class ForwardPass {
   #decodePlans = new Map<string, Dispatch[]>();
   /** Decode steps that measure for the precision monitor (the first of a submission). */
   #monitoredPlans = new Map<string, Dispatch[]>();
-  #verifyPlans = new Map<string, Dispatch[]>();
+  /** Verification passes (speculative decoding). */
+  readonly #verify: VerifyPlans;
   readonly #monitor?: PrecisionMonitor;
   /** The monitor's version the built plans follow (its precision switches make them stale). */
   #planned = 0;
@@ -82,6 +83,7 @@ export class ForwardPass {
       layout: SlotLayout;
       maxChunk: number;
       mask?: AttentionMask;
+      draftPool?: boolean;
       constraints: SlotConstraints;
       monitor?: PrecisionMonitor;
     },
@@ -121,6 +123,23 @@ export class ForwardPass {
       x: this.#x,
       lastRow: this.#lastRow,
       hidden: cfg.hiddenSize,
+    });
+    this.#verify = new VerifyPlans({
+      gpu,
+      cfg,
+      w,
+      kv: o.kv,
+      slots: o.slots,
+      layout: o.layout,
+      tail: this.#tail,
+      pool: o.draftPool ?? true,
+      x: this.#x,
+      qkv: this.#qkv,
+      q: this.#q,
+      attn: this.#attn,
+      layers: (m, attention) => this.#layers(m, attention),
+      heads: (layer) => this.#heads(layer),
+      lmHead: (m) => this.#lmHead(m, 0, this.#x, this.w.norm),
     });
     // The longer buckets' pipelines now, so the first long request does not wait for them.
     warmDecodeBuckets(gpu, this.buckets.slice(1), o.layout.shape.maxSlots, {
@@ -190,7 +209,7 @@ export class ForwardPass {
     this.#planned = v;
     this.#decodePlans.clear();
     this.#monitoredPlans.clear();
-    this.#verifyPlans.clear();
+    this.#verify.clear();
     this.#prefills.clear();
   }
 
@@ -421,74 +440,19 @@ export class ForwardPass {
 
   /**
    * One verification pass of speculative decoding over slots [0, slots), R rows each
-   * (kernels/speculate.wgsl): `spec_begin` drafts every slot's rows from its history, the layers
-   * run all `slots · R` rows (rope_kv writes each row's K and V first, then decode attention runs
-   * each row over its slot's table), the rows are sampled as plain decoding would sample them,
-   * and `spec_end` accepts the longest prefix the model agrees with into the ring.
+   * (engine/runner/verify.ts), at (region, k); with `check`, cross-checked against the plain
+   * path. `keys` as for {@linkcode decodeStep}.
    */
   verifyStep(
     slots: number,
     R: number,
-    region: number,
-    k: number,
+    at: { region: number; k: number; check?: boolean },
     f: TailFlags,
     keys = this.#layout.shape.contextLength,
   ): Dispatch[] {
-    const sp = this.#slots.spec;
-    if (!sp || R < 2 || R > this.#layout.rows) {
-      throw new Error(`internal error: a verification pass of ${R} rows per slot`);
-    }
     this.#sync();
-    const rows = slots * R, c = this.cfg;
     // Row j of a slot attends j more keys than the slot holds: the bucket of the last row's.
     const bucket = bucketFor(this.buckets, attendedKeys(this.mask, keys + this.#layout.rows - 1));
-    const body = memo(this.#verifyPlans, `${slots}:${R}:${bucket}`, () => [
-      specDispatch(this.gpu, { step: this.#slots.step, spec: sp }, {
-        entry: "spec_begin",
-        slotBegin: 0,
-        slotEnd: slots,
-        rows: R,
-        histLen: this.#layout.shape.contextLength,
-        trashPos: this.#layout.trashPos,
-        vocab: c.vocabSize,
-        nEos: this.#slots.eosCount,
-      }),
-      embeddingDispatch(this.gpu, { table: this.w.embed, tokens: sp.rowTok, out: this.#x }, {
-        count: rows,
-      }),
-      ...this.#layers(rows, (layer) => [
-        ropeKvDispatch(this.gpu, {
-          qkv: this.#qkv,
-          q: this.#q,
-          kPool: this.#kv.k,
-          vPool: this.#kv.v,
-          pos: sp.rowPos,
-          tokSeq: sp.rowSlot,
-          blockTable: this.#slots.blockTable,
-          invFreq: this.w.invFreq,
-        }, { tokens: rows, ...this.#heads(layer) }),
-        ...attentionDecodeDispatches(this.gpu, {
-          qkv: this.#qkv,
-          pos: sp.rowPos,
-          invFreq: this.w.invFreq,
-          kPool: this.#kv.k,
-          vPool: this.#kv.v,
-          blockTable: this.#slots.blockTable,
-          seqLen: sp.rowLen,
-          out: this.#attn,
-        }, {
-          seqs: rows,
-          rowsPerSeq: R,
-          maxContext: bucket,
-          ...this.#heads(layer),
-        }),
-      ]),
-      ...this.#lmHead(rows, 0, this.#x, this.w.norm),
-    ]);
-    return [
-      ...body,
-      ...this.#tail.sample(rows, region, k, f, R),
-      ...this.#tail.specEnd(slots, R, region, k, f),
-    ];
+    return this.#verify.step(slots, R, { ...at, f, bucket, check: at.check ?? false });
   }
 }

@@ -11,6 +11,7 @@ import type { AttentionMask } from "../../kernels/attention_mask.ts";
 import { type Dispatch, encode } from "../../gpu/dispatch.ts";
 import { ReadbackPool } from "../../gpu/readback.ts";
 import { packSampleParams, SAMPLE_PARAMS_BYTES, SEEN_BIT } from "../../kernels/sample.ts";
+import { POOL_WORDS } from "../../kernels/speculate.ts";
 import { DONE, SLOT_STATE_BYTES, slotStateWords } from "../../kernels/step.ts";
 import type { ModelConfig } from "../model/config.ts";
 import type { ModelWeights } from "../model/weights.ts";
@@ -34,6 +35,8 @@ export interface RunnerOptions extends SlotShape {
   maxChunk: number;
   /** The attention mask compiled into the attention kernels (default causal). */
   mask?: AttentionMask;
+  /** Verification passes also draft from the n-gram pool of guesses (default true). */
+  draftPool?: boolean;
 }
 
 /** What a slot needs to know of the sequence admitted into it. */
@@ -51,6 +54,14 @@ export interface SlotAdmission {
   grammar?: GrammarImage;
 }
 
+/** A decode submission's verification passes: rows per slot, and whether to cross-check. */
+export interface SpeculateStep {
+  /** R: rows per slot (drafts + 1), 2..the runner's rows. */
+  rows: number;
+  /** The first pass also runs the plain path and compares (engine/runner/verify.ts). */
+  check?: boolean;
+}
+
 /** The batch on the GPU: per-slot state, and the work that advances it. */
 export class Runner<T extends SlotOccupant> {
   readonly layout: SlotLayout;
@@ -63,6 +74,8 @@ export class Runner<T extends SlotOccupant> {
   readonly constraints: SlotConstraints;
   readonly #tokenBytes?: () => Uint32Array;
   readonly #ctx: SubmissionContext;
+  /** Each slot's draft cap as last written (-1: unknown). */
+  readonly #caps: Int32Array;
   #region = 0;
 
   /**
@@ -82,6 +95,7 @@ export class Runner<T extends SlotOccupant> {
   ) {
     const opts = o.options;
     this.layout = new SlotLayout(opts);
+    this.#caps = new Int32Array(opts.maxSlots).fill(-1);
     this.#slots = createSlotBuffers(gpu, this.layout, { vocab: cfg.vocabSize, eosIds: o.eosIds });
     this.constraints = new SlotConstraints(gpu, opts.maxSlots);
     this.#tokenBytes = o.tokenBytes;
@@ -93,6 +107,7 @@ export class Runner<T extends SlotOccupant> {
       layout: this.layout,
       maxChunk: opts.maxChunk,
       mask: opts.mask,
+      draftPool: opts.draftPool,
       constraints: this.constraints,
     });
     const readback = {
@@ -138,12 +153,11 @@ export class Runner<T extends SlotOccupant> {
       slot * SAMPLE_PARAMS_BYTES,
       packSampleParams({ ...a.sampling, seed: a.seed, ...words }),
     );
-    const sp = this.#slots.spec, R = this.layout.rows;
+    const sp = this.#slots.spec;
     const state = {
       done: false,
       remaining: a.sampling.maxTokens,
       stopAtEos: a.sampling.stopAtEos !== false,
-      depth: R - 1, // speculation starts at full depth and adapts
     };
     q.writeBuffer(this.#slots.step.slotState, slot * SLOT_STATE_BYTES, slotStateWords(state));
     q.writeBuffer(this.#slots.step.seqLen, slot * 4, Uint32Array.of(a.tokens.length));
@@ -151,14 +165,20 @@ export class Runner<T extends SlotOccupant> {
       // Its history so far: drafts come from it (step_end and spec_end append what follows).
       const H = this.layout.shape.contextLength;
       q.writeBuffer(sp.hist, slot * H * 4, Uint32Array.from(a.tokens.slice(0, H)));
+      q.writeBuffer(sp.pool, slot * POOL_WORDS * 4, new Uint32Array(POOL_WORDS)); // no guesses yet
       this.setSpecCap(slot, a.specCap ?? 0);
     }
   }
 
-  /** Sets how many drafts `slot` may take per verification step (0: none). */
+  /**
+   * Sets how many drafts `slot` may take per verification step (0: none), from the next
+   * submission on (queue order); a cap already set is not written again.
+   */
   setSpecCap(slot: number, cap: number): void {
     const sp = this.#slots.spec;
-    if (sp) this.gpu.device.queue.writeBuffer(sp.cap, slot * 4, Uint32Array.of(cap));
+    if (!sp || this.#caps[slot] === cap) return;
+    this.#caps[slot] = cap;
+    this.gpu.device.queue.writeBuffer(sp.cap, slot * 4, Uint32Array.of(cap));
   }
 
   /** Rows per slot of a verification pass (1: this runner never speculates). */
@@ -226,24 +246,26 @@ export class Runner<T extends SlotOccupant> {
 
   /**
    * Encodes `steps` decode steps of every slot up to the last live one (not submitted), plain or
-   * (`speculate`, when the runner has verification rows) verification passes. `live` holds, by
-   * slot, the sequences still running: they receive their tokens when it is read. `keys`: the
-   * most keys a slot holds by the last step (picks decode attention's length bucket; default the
-   * context length, right for any).
+   * (`speculate`, when the runner has verification rows) verification passes of its rows, the
+   * first one cross-checked against the plain path when it says so. `live` holds, by slot, the
+   * sequences still running: they receive their tokens when it is read. `keys`: the most keys a
+   * slot holds by the last step (picks decode attention's length bucket; default the context
+   * length, right for any).
    */
   decode(
     live: (T | undefined)[],
     steps: number,
-    o: { withTop: boolean; speculate?: boolean; keys?: number },
+    o: { withTop: boolean; speculate?: SpeculateStep; keys?: number },
   ): Submission<T> {
     const region = this.#nextRegion(), width = live.findLastIndex(Boolean) + 1;
-    const R = o.speculate ? this.layout.rows : 1, f = this.forward;
+    const R = o.speculate?.rows ?? 1, f = this.forward;
     const flags = { withTop: o.withTop, ...this.constraints.flags(live) };
     const dispatches: Dispatch[] = [];
     for (let k = 0; k < steps; k++) {
+      const check = k === 0 && (o.speculate?.check ?? false);
       dispatches.push(
         ...(R > 1
-          ? f.verifyStep(width, R, region, k, flags, o.keys)
+          ? f.verifyStep(width, R, { region, k, check }, flags, o.keys)
           : f.decodeStep(width, region, k, flags, o.keys)),
       );
     }
@@ -252,7 +274,7 @@ export class Runner<T extends SlotOccupant> {
       steps,
       slots: live,
       top: o.withTop,
-      ...(R > 1 ? { specRows: R } : {}),
+      ...(R > 1 ? { specRows: R, checked: o.speculate?.check ?? false } : {}),
       // step 0 of a plain submission measures (verification passes do not)
       monitor: steps > 0 && R === 1 ? this.monitor.readback() : undefined,
     });
@@ -275,24 +297,26 @@ export class Runner<T extends SlotOccupant> {
   }
 
   /**
-   * The dispatches of one verification pass over slots [0, slots) with every row live, for
-   * timing: each slot running at `context` keys with a history that repeats, so it drafts its
-   * full depth. Only while nothing runs; {@linkcode profileDone} puts the slots back to done.
+   * The dispatches of one verification pass of `rows` rows per slot (default the runner's) over
+   * slots [0, slots) with every row live, for timing: each slot running at `context` keys with a
+   * history that repeats, so it drafts its full depth. Only while nothing runs;
+   * {@linkcode profileDone} puts the slots back to done.
    *
    * @throws Error when the runner has no verification rows
    */
-  profileVerifyStep(slots: number, context: number, k = 0): Dispatch[] {
-    const sp = this.#slots.spec, R = this.layout.rows, H = this.layout.shape.contextLength;
+  profileVerifyStep(slots: number, context: number, k = 0, rows = this.layout.rows): Dispatch[] {
+    const sp = this.#slots.spec, R = rows, H = this.layout.shape.contextLength;
+    if (!(R >= 2 && R <= this.layout.rows)) throw new Error(`verify profile: rows ${R}`);
     if (!sp) throw new Error("this engine was built without speculation (--speculate off)");
     const q = this.gpu.device.queue;
-    const state = slotStateWords({ done: false, remaining: 1e6, stopAtEos: false, depth: R - 1 });
+    const state = slotStateWords({ done: false, remaining: 1e6, stopAtEos: false });
     for (let s = 0; s < slots; s++) {
       q.writeBuffer(this.#slots.step.slotState, s * SLOT_STATE_BYTES, state);
       q.writeBuffer(sp.hist, s * H * 4, Uint32Array.from({ length: H }, (_, i) => 1 + (i % 9)));
       this.setSpecCap(s, R - 1);
     }
     q.writeBuffer(this.#slots.step.seqLen, 0, new Uint32Array(slots).fill(context));
-    return this.forward.verifyStep(slots, R, 0, k, { withTop: false }, context);
+    return this.forward.verifyStep(slots, rows, { region: 0, k }, { withTop: false }, context);
   }
 
   /** Puts slots [0, slots) back to done after profiling. */

@@ -7,7 +7,7 @@
  */
 import { createStorage, type Gpu } from "../../gpu/device.ts";
 import { SAMPLE_PARAMS_BYTES } from "../../kernels/sample.ts";
-import type { SpecBuffers } from "../../kernels/speculate.ts";
+import { POOL_WORDS, type SpecBuffers } from "../../kernels/speculate.ts";
 import {
   DONE,
   RING_ENTRY_BYTES,
@@ -131,6 +131,7 @@ export function createSlotBuffers(
   const eos = opts.eosIds.length ? opts.eosIds : [0xffffffff];
   const done = new Uint32Array(S * (SLOT_STATE_BYTES / 4));
   for (let s = 0; s < S; s++) done.set(slotStateWords(DONE), s * (SLOT_STATE_BYTES / 4));
+  const pos = buf(S * 4, "decode_pos");
   const spec = R > 1
     ? {
       hist: buf(S * contextLength * 4, "hist"),
@@ -139,6 +140,10 @@ export function createSlotBuffers(
       rowLen: buf(S * R * 4, "row_len"),
       rowSlot: buf(S * R * 4, "row_slot", Uint32Array.from({ length: S * R }, (_, i) => i / R | 0)),
       cap: buf(S * 4, "spec_cap"),
+      pool: buf(S * POOL_WORDS * 4, "spec_pool"),
+      // the plain path's cross-check writes KV where a plain step would (its `pos`)
+      checkPos: pos,
+      checkLen: buf(S * 4, "check_len"),
     }
     : undefined;
   return {
@@ -146,7 +151,7 @@ export function createSlotBuffers(
     params: buf(S * SAMPLE_PARAMS_BYTES, "sample_params"),
     step: {
       seqLen: buf(S * 4, "seq_len"),
-      pos: buf(S * 4, "decode_pos"),
+      pos,
       slotState: buf(S * SLOT_STATE_BYTES, "slot_state", done),
       nextTok: buf(S * 4, "next_tok"),
       sampled: buf(S * R * RING_ENTRY_BYTES, "sampled"),

@@ -179,12 +179,25 @@ export class StepTail {
     ], 4096);
   }
 
-  /** A verification pass's `spec_end` over slots [0, slots) at (region, k), then the advance. */
-  specEnd(slots: number, R: number, region: number, k: number, f: TailFlags): Dispatch[] {
+  /**
+   * A verification pass's fingerprints, its cross-check's comparison when it has one (after the
+   * fingerprints, which mark every slot unchecked), `spec_end` over slots [0, slots) at
+   * (region, k), then the advance.
+   */
+  specEnd(
+    slots: number,
+    R: number,
+    region: number,
+    k: number,
+    f: TailFlags,
+    check?: () => Dispatch,
+  ): Dispatch[] {
     const { slots: b, layout, constraints } = this.o;
-    const key = `spec:${slots}:${R}:${region}:${k}:${f.grammar ? constraints.version : ""}`;
+    const key = `spec:${slots}:${R}:${region}:${k}:${f.grammar ? constraints.version : ""}` +
+      (check ? ":c" : "");
     return memo(this.#ends, key, () => [
       this.#fingerprint(slots * R, region, k, R),
+      ...(check ? [check()] : []),
       specDispatch(this.gpu, { step: b.step, spec: b.spec! }, {
         entry: "spec_end",
         slotBegin: 0,
@@ -194,6 +207,7 @@ export class StepTail {
         trashPos: layout.trashPos,
         vocab: this.vocab,
         ringOffset: layout.ringOffset(region, k),
+        ringStride: layout.ringStride,
         nEos: b.eosCount,
       }),
       ...this.#advance(0, slots, region, k, R, f),

@@ -6,6 +6,7 @@
 import type { Gpu } from "../../gpu/device.ts";
 import { type Dispatch, encode } from "../../gpu/dispatch.ts";
 import type { ReadbackPool } from "../../gpu/readback.ts";
+import { checkValue } from "../../kernels/cross_check.ts";
 import { RingView } from "../../kernels/step.ts";
 import type { SlotBuffers, SlotLayout } from "./slots.ts";
 import type { MonitorReadback } from "./monitor.ts";
@@ -45,14 +46,24 @@ export interface SubmissionOptions<T extends SlotOccupant> {
   tokens?: number;
   /** Rows per slot of a verification pass (speculation); absent: one token per slot and step. */
   specRows?: number;
+  /** Its first pass is cross-checked against the plain path (one plain step more). */
+  checked?: boolean;
   /** The precision monitor's measurements to copy back too (its pass measured). */
   monitor?: MonitorReadback;
 }
 
-/** What one slot's speculative step did: drafts proposed and drafts accepted. */
+/** What one slot's speculative step did (kernels/speculate.wgsl `spec_end`). */
 export interface SpecStep {
+  /** Drafts proposed, the last `pooled` of them from the n-gram pool; drafts accepted. */
   drafted: number;
+  pooled: number;
   accepted: number;
+  /** Drafts the host's cap allowed within the pass's rows. */
+  allowed: number;
+  /** Rows per slot of the pass. */
+  rows: number;
+  /** The cross-check's relative distance (kernels/cross_check.wgsl), when it had one. */
+  check?: number;
 }
 
 /**
@@ -110,10 +121,11 @@ export class Submission<T extends SlotOccupant> {
     const { layout, slots, readback } = ctx, dev = ctx.gpu.device;
     const t0 = performance.now();
     this.width = o.slots.findLastIndex(Boolean) + 1;
+    // A verification pass of R rows is `verifyR`, `checkR` with the plain path's cross-check.
     this.work = o.prefill
       ? `prefill ${o.rows}`
       : o.specRows
-      ? `verify ${this.width}`
+      ? `${o.checked ? "check" : "verify"}${o.specRows} ${this.width}`
       : `decode ${this.width}`;
     // Errors of this submission reject `done` (the engine then fails the requests it served)
     // instead of only being logged while garbage tokens stream on.
@@ -254,8 +266,16 @@ export class Submission<T extends SlotOccupant> {
           take(seq, token, ring.logprob(first + j), alts, ring.fingerprint(first + j));
         }
         if (R > 1) {
-          const drafted = ring.raw(first + R);
-          spec?.(seq, { drafted: drafted[0], accepted: drafted[1] });
+          const [w, accepted] = ring.raw(first + R),
+            check = checkValue(ring.fingerprint(first + R));
+          spec?.(seq, {
+            drafted: w & 0xff,
+            pooled: (w >>> 8) & 0xff,
+            allowed: (w >>> 16) & 0xff,
+            accepted,
+            rows: R,
+            ...(check === undefined ? {} : { check }),
+          });
         }
       });
     }

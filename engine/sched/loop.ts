@@ -233,7 +233,6 @@ export class Loop {
         tokens: ids,
         sampling: seq.sampling,
         seed: seq.seed,
-        specCap: this.#spec.cap(seq.spec),
         grammar: seq.grammar,
       });
     } catch (e) {
@@ -275,14 +274,17 @@ export class Loop {
     const live = this.#sched.live();
     const withTop = live.some((s) => s && s.topLogprobs > 0);
     const width = live.findLastIndex(Boolean) + 1;
-    const speculate = this.#spec.speculate(live.flatMap((s) => s ? [s.spec] : []), {
+    const plan = this.#spec.plan(live.map((s) => s && { stats: s.spec, context: s.context }), {
       plain: this.#stepMs(`decode ${width}`),
-      verify: this.#stepMs(`verify ${width}`),
+      verify: (R) => this.#stepMs(`verify${R} ${width}`),
     });
+    // Each slot's drafts, by its length group's depth (queue order: from this submission on).
+    plan.caps.forEach((cap, slot) => live[slot] && this.#runner.setSpecCap(slot, cap));
     const steps = this.#sched.decodeSteps(live);
     // The most keys a slot can hold by the end of these steps (a verification step adds up to a
     // row per draft): the launch plan's length bucket.
-    const R = speculate ? this.#runner.layout.rows : 1;
+    const R = plan.rows;
+    const speculate = R > 1 ? { rows: R, check: plan.check } : undefined;
     const keys = Math.max(
       ...live.map((s) =>
         s
@@ -349,12 +351,7 @@ export class Loop {
         else if (this.#mask) moved.add(seq);
       },
       (seq) => (seq.gpuDone = true),
-      (seq, step) => {
-        const before = this.#spec.cap(seq.spec);
-        this.#spec.record(seq.spec, step.drafted, step.accepted);
-        const after = this.#spec.cap(seq.spec);
-        if (after !== before && seq.slot >= 0) this.#runner.setSpecCap(seq.slot, after);
-      },
+      (seq, step) => this.#spec.record(seq.spec, step, seq.context),
     );
     for (const seq of moved) this.#releaseDead(seq);
   }

@@ -138,6 +138,11 @@ export class Sequence {
     };
   }
 
+  /** Tokens of its context as read back so far: the prompt and the output. */
+  get context(): number {
+    return this.promptIds.length + this.#generated.length;
+  }
+
   /** Prompt plus accepted output. */
   allTokens(): number[] {
     return [...this.promptIds, ...this.#generated];
@@ -233,12 +238,17 @@ export class Sequence {
       seed: this.seed,
       ttftMs: this.#ttft,
       fingerprints: [...this.#fingerprints],
-      ...(this.spec.steps > 0
+      ...(this.spec.steps > 0 || this.spec.checks > 0
         ? {
           speculation: {
             steps: this.spec.steps,
             drafted: this.spec.drafted,
             accepted: this.spec.accepted,
+            pooled: this.spec.pooled,
+            pooledAccepted: this.spec.pooledAccepted,
+            checks: this.spec.checks,
+            failures: this.spec.failures,
+            byRows: Array.from(this.spec.byRows, (n) => n ?? 0),
           },
         }
         : {}),

@@ -46,6 +46,9 @@ import { SpeculationPolicy } from "./sched/speculation.ts";
 import { ConstraintCompiler, ConstraintImages } from "./constraints.ts";
 import { replayTurns } from "./replay.ts";
 import { type EngineOptions, poolBlocks, type Settled, settleOptions } from "./options.ts";
+import type { KvTiers } from "./kv/tiers.ts";
+import type { FileTier } from "./kv/tier_file.ts";
+import { buildTiers, openFileTier, profileTiers } from "./tiers_setup.ts";
 import { PrecisionPolicy, type PrecisionThresholds } from "./sched/precision.ts";
 import { precisionStats } from "./sched/precision_stats.ts";
 
@@ -81,6 +84,8 @@ export class Engine implements EngineLike {
   #scoring = false;
   /** Which precision each layer runs at (the monitor's measurements decide). */
   readonly #precision: PrecisionPolicy;
+  /** The tiers below the GPU (host memory, spill files), when the options ask for them. */
+  readonly #tiers?: KvTiers;
 
   private constructor(
     readonly gpu: Gpu,
@@ -92,6 +97,7 @@ export class Engine implements EngineLike {
       compiler: ConstraintCompiler;
       store?: SessionStore;
       precision?: Partial<PrecisionThresholds>;
+      tiers?: KvTiers;
     },
   ) {
     this.modelId = model.id;
@@ -105,7 +111,8 @@ export class Engine implements EngineLike {
     this.runner = parts.runner;
     this.#compiler = parts.compiler;
     this.#sched = new Scheduler(opts);
-    this.#sessions = new Sessions(parts.kv, model.id, parts.store);
+    this.#tiers = parts.tiers;
+    this.#sessions = new Sessions(parts.kv, model.id, parts.store, parts.tiers);
     this.#speculation = new SpeculationPolicy({ rows: this.runner.specRows, mode: opts.speculate });
     this.#loop = new Loop({
       runner: this.runner,
@@ -135,17 +142,45 @@ export class Engine implements EngineLike {
       fallback: options.fallback,
     });
     const model = { id: folder.id, config: folder.config, tokenizer, weights };
-    const engine = Engine.create(gpu, model, options);
+    const engine = await Engine.open(gpu, model, options);
     await engine.#sessions.restore();
     return engine;
   }
 
   /**
-   * Builds an engine over weights already on the GPU (the bench's in-memory random shapes).
+   * Builds an engine over weights already on the GPU (the bench's in-memory random shapes),
+   * without a spill folder (see {@linkcode open}).
    *
    * @throws Error when the KV pool cannot hold one sequence of the context length.
    */
   static create(gpu: Gpu, model: GpuModel, options: EngineOptions = {}): Engine {
+    return Engine.#create(gpu, model, options, undefined);
+  }
+
+  /**
+   * {@linkcode create}, with the tiers below the GPU whole: the spill folder opened and the
+   * start-up profile measured (engine/kv/profile.ts). Sessions in the store are not restored
+   * ({@linkcode load} does that).
+   *
+   * @throws Error when the KV pool cannot hold one sequence of the context length, or an option
+   *   is out of range
+   */
+  static async open(gpu: Gpu, model: GpuModel, options: EngineOptions = {}): Promise<Engine> {
+    const engine = Engine.#create(gpu, model, options, await openFileTier(options));
+    const tiers = engine.#tiers;
+    if (tiers) {
+      await profileTiers(tiers, {
+        runner: engine.runner,
+        maxChunk: engine.opts.maxChunk,
+        contextLength: engine.contextLength,
+        kvDtype: engine.kvDtype,
+        store: options.store,
+      });
+    }
+    return engine;
+  }
+
+  static #create(gpu: Gpu, model: GpuModel, options: EngineOptions, file?: FileTier): Engine {
     const { config: cfg, tokenizer, weights } = model;
     const opts = settleOptions(gpu, cfg, options);
     const numBlocks = poolBlocks(gpu, cfg, opts, options.kvBlocks);
@@ -166,8 +201,9 @@ export class Engine implements EngineLike {
         mask: opts.mask,
       },
     });
-    const precision = options.precision;
-    return new Engine(gpu, model, opts, { kv, runner, compiler, store: options.store, precision });
+    const precision = options.precision, store = options.store;
+    const tiers = buildTiers(kv, options, file);
+    return new Engine(gpu, model, opts, { kv, runner, compiler, store, precision, tiers });
   }
 
   encode(text: string): number[] {
@@ -258,6 +294,7 @@ export class Engine implements EngineLike {
       kv: { used: stored.kv },
       fs: { used: stored.fs },
       snapshotBlocks: { copied: snap.blocksCopied, reused: snap.blocksReused },
+      ...(this.#tiers ? { tiers: this.#tiers.stats() } : {}),
     };
   }
 
@@ -301,7 +338,10 @@ export class Engine implements EngineLike {
     return this.#sessions.delete(id);
   }
 
-  /** Resolves when every session snapshot started so far is written. */
+  /**
+   * Resolves when every session snapshot started so far is written, and every spill of an
+   * evicted session's KV has landed in its tier.
+   */
   flushSnapshots(): Promise<void> {
     if (!this.#loop.running) this.#sessions.startReads();
     return this.#sessions.flush();
@@ -405,13 +445,15 @@ export class Engine implements EngineLike {
       ) common++;
       blocks.truncate(common);
       cached = blocks.computed;
-      blocks.appendPrompt(promptIds.slice(blocks.tokens.length));
-      session.busy = true;
+      cached += blocks.appendPrompt(promptIds.slice(blocks.tokens.length));
+      table.startTurn(session);
     } else {
       blocks = new SequenceBlocks(this.#kv.blocks, root);
       cached = blocks.appendPrompt(promptIds);
       if (request.sessionId) table.create(request.sessionId, blocks);
     }
+    // What the GPU lacks of the prompt may be below it: its reads start now (engine/kv/tiers.ts).
+    const restore = this.#sessions.planRestore(blocks, request.sessionId);
     const seq = new Sequence({
       request,
       blocks,
@@ -423,8 +465,12 @@ export class Engine implements EngineLike {
       // A grammar's state advances a token per step: its slot does not speculate.
       speculate: this.runner.specRows > 1 && request.speculation !== false && !grammar,
       grammar,
+      restore,
     });
+    const entry = request.sessionId ? table.get(request.sessionId) : undefined;
+    if (entry) entry.simhash = seq.simhash;
     this.#sched.enqueue(seq);
+    restore?.done.then(() => this.#loop.kick());
     request.signal?.addEventListener("abort", () => seq.cancel(), { once: true });
     this.#loop.kick();
     return seq.generation;

@@ -223,12 +223,15 @@ export interface KvTierStats {
   states: { active: number; inactive: number; pendingEvict: number };
   /** Blocks evicted sessions copied down from the GPU (and the time it took, ms). */
   spilled: { blocks: number; bytes: number; ms: number };
-  /** Blocks moved from host memory to files (ms: summed over writes in flight together). */
+  /** Blocks moved from host memory to files (ms: the time some write was in flight). */
   written: { blocks: number; bytes: number; ms: number };
   /** Blocks that left every tier (budgets), and evicted blocks not kept at all. */
   dropped: number;
-  /** Blocks brought back onto the GPU, by the tier they came from, and their bytes. */
-  restored: { host: number; file: number; kv: number; bytes: number };
+  /**
+   * Blocks brought back onto the GPU, by the tier they came from, their bytes, and the time
+   * from each restore's plan (its request queued) to its upload, summed (ms).
+   */
+  restored: { host: number; file: number; kv: number; bytes: number; ms: number };
   /** Blocks read from files ahead of their restore. */
   prefetched: number;
   /** Blocks a restore could not read (missing or corrupt): their tokens were prefilled. */

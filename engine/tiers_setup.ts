@@ -3,6 +3,7 @@
  * start-up profile (engine/kv/profile.ts) measured with the engine's own prefill and store.
  */
 import { encode } from "../gpu/dispatch.ts";
+import { isCpuAdapter } from "../gpu/device.ts";
 import type { KvDtype } from "../gpu/dtype.ts";
 import { measureProfile } from "./kv/profile.ts";
 import type { KvPool } from "./kv/pool.ts";
@@ -16,6 +17,8 @@ import { checkTierOptions, type EngineOptions, SPILL_BYTES } from "./options.ts"
 
 /** Prefill chunks timed together for the profile (after one that compiles and warms). */
 const PREFILL_REPEATS = 2;
+/** Prefill tokens the profile times on a CPU adapter, where a long chunk takes seconds. */
+const CPU_PREFILL_TOKENS = 64;
 
 /**
  * The spill folder `options` name, opened (its old block files removed); none when they name
@@ -74,7 +77,8 @@ export async function profileTiers(tiers: KvTiers, p: ProfileParts): Promise<voi
   const dev = tiers.pool.gpu.device, store = p.store;
   tiers.profile = await measureProfile(tiers, {
     prefill: async () => {
-      const tokens = Math.min(p.maxChunk, p.contextLength);
+      const cpu = isCpuAdapter(tiers.pool.gpu);
+      const tokens = Math.min(p.maxChunk, p.contextLength, cpu ? CPU_PREFILL_TOKENS : Infinity);
       const run = async (repeats: number) => {
         const dispatches = p.runner.profilePrefill(tokens);
         const enc = dev.createCommandEncoder(), pass = enc.beginComputePass();

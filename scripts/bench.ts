@@ -38,6 +38,7 @@ import {
 } from "./bench_options.ts";
 import { BenchProgress } from "./bench_progress.ts";
 import { speculationMain } from "./bench_speculation.ts";
+import { resumeMain } from "./bench_resume.ts";
 
 import type { BenchResult, Lag, SessionsResult, WorkerResult } from "./bench_result.ts";
 
@@ -420,6 +421,7 @@ export function promptMaker(vocab: number, len: number, seed = 0x5eed): () => nu
 /** The CLI: parses flags, runs the bench, prints the table, writes `--out`. */
 export async function main(args: string[]): Promise<void> {
   if (args.includes("--speculate")) return await speculationMain(args);
+  if (args.includes("--resume")) return await resumeMain(args);
   const flags = parseFlags(args);
   if (flags.help) return console.log(USAGE);
   const result = await runBench(flags.options);

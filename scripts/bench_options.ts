@@ -168,6 +168,8 @@ and B on a CPU adapter; flags given always win.
 
   --speculate          measure speculative decoding instead (acceptance on the model, the cost
                        of a verification pass on a shape): see deno task bench --speculate --help
+  --resume             measure sessions resumed from host memory, spill files and Deno KV
+                       against recomputing them: see deno task bench --resume --help
   --model DIR          model folder (default models/strata-default)
   --shape NAME         a synthetic shape instead of a folder: tinyllama-1.1b, llama-7b or tiny
                        (random weights made on the GPU, the default model's tokenizer)

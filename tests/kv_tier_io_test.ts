@@ -11,6 +11,7 @@ import { FILE_HEADER, FileTier } from "../engine/kv/tier_file.ts";
 import { HostTier } from "../engine/kv/tier_host.ts";
 import { KvTiers } from "../engine/kv/tiers.ts";
 import type { ModelConfig } from "../engine/model/config.ts";
+import type { StorageTierProfile } from "../api/types.ts";
 import { rng, testGpu } from "./util.ts";
 
 const dir = await Deno.makeTempDir({ prefix: "strata_tier_io_" });
@@ -203,4 +204,49 @@ Deno.test("tiers: without room in any tier, the least valuable blocks are droppe
   assert.equal(tiers.manager.heldTokens("a", BLOCK), BLOCK);
   assert.equal(tiers.manager.heldTokens("b", BLOCK), 2 * BLOCK);
   assert.equal(tiers.stats().host.bytes, 3 * rec);
+});
+
+/** A profile whose verdicts are `use` (the rates do not matter to the decisions' users). */
+function verdicts(use: { host: boolean; file?: boolean; kv?: boolean }): StorageTierProfile {
+  const rate = { gbPerS: 1, latencyMs: 0 };
+  const v = (u: boolean) => ({ use: u, restoreMsPerBlock: u ? 0.1 : 9, reason: "measured" });
+  return {
+    measuredAt: 0,
+    measureMs: 1,
+    blockBytes: 1,
+    recomputeTokensPerS: 1000,
+    recomputeMsPerBlock: 1,
+    gpuToHost: rate,
+    hostToGpu: rate,
+    host: v(use.host),
+    ...(use.file !== undefined ? { file: v(use.file) } : {}),
+    ...(use.kv !== undefined ? { kv: v(use.kv) } : {}),
+    prefetchBlocks: 4,
+  };
+}
+
+Deno.test('tiers: the profile decides which tiers are used; "always" uses every one', async () => {
+  const pool = await smallPool(8);
+  const host = new HostTier(1 << 20),
+    file = await FileTier.open(await Deno.makeTempDir({ dir }), 1 << 20);
+  const t = new KvTiers(pool, { host, file });
+  assert.deepEqual([t.uses("host"), t.uses("file"), t.uses("kv")], [true, true, false]);
+  t.profile = verdicts({ host: true, file: false, kv: true });
+  assert.deepEqual([t.uses("host"), t.uses("file"), t.uses("kv")], [true, false, true]);
+  assert.ok(t.spilling);
+  // Slower than recomputing everywhere: an evicted session drops its KV.
+  t.profile = verdicts({ host: false, file: false });
+  assert.ok(!t.spilling);
+  const { seq } = filled(pool, 2 * BLOCK, 9);
+  assert.equal(t.spill("s", seq, { lastUse: Date.now() }), 0);
+  assert.equal(t.manager.size, 0);
+  const always = new KvTiers(pool, { host, file, policy: "always" });
+  always.profile = t.profile;
+  assert.deepEqual([always.uses("host"), always.uses("file"), always.uses("kv")], [
+    true,
+    true,
+    true,
+  ]);
+  const noFile = new KvTiers(pool, { host, policy: "always" });
+  assert.ok(!noFile.uses("file"));
 });

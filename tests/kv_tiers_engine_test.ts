@@ -22,7 +22,13 @@ await makeTestModel(model, { arch: "llama", dtype: "f16", hidden: 64, heads: 2, 
  * One slot; 9 usable blocks of 16 tokens, exactly what the long request takes (120 + 24
  * tokens), so every block an evicted session had on the GPU is overwritten.
  */
-const TINY: EngineOptions = { maxSlots: 1, contextLength: 144, kvBlocks: 10 };
+const TINY: EngineOptions = {
+  maxSlots: 1,
+  contextLength: 144,
+  kvBlocks: 10,
+  // The breaker has a test of its own: a loaded CPU machine must not trip it in the others.
+  kvSpillLimitMs: 60_000,
+};
 
 const greedy = (maxTokens: number): SamplingOptions => sampling({ maxTokens, stopAtEos: false });
 /** `n` token ids drawn from `seed` (a different prompt per seed: nothing cached across them). */
@@ -189,4 +195,40 @@ Deno.test("tiers: a slow spill pauses spills, and evicted sessions then drop the
   const back = await run(engine, [...prompt, ...said.tokens, 5], { session: "t" });
   assert.equal(back.cached, 0);
   assert.ok(engine.kvStats().tiers!.breaker.skipped >= 1);
+});
+
+Deno.test("tiers: the start-up profile measures every tier and leaves nothing behind", async () => {
+  const spill = await Deno.makeTempDir({ dir, prefix: "profile_" });
+  const store = await SessionStore.open(`${dir}/profile.sqlite`);
+  try {
+    const engine = await Engine.load(model, {
+      ...TINY,
+      kvHostBytes: 1 << 20,
+      kvSpillDir: spill,
+      store,
+    });
+    const p = engine.kvStats().tiers!.profile!;
+    for (
+      const r of [p.gpuToHost, p.hostToGpu, p.hostToFile!, p.fileToHost!, p.kvWrite!, p.kvRead!]
+    ) {
+      assert.ok(r.gbPerS > 0 && r.latencyMs >= 0, JSON.stringify(r));
+    }
+    assert.equal(
+      p.blockBytes,
+      2 * 2 * 16 * 32 * 4,
+      "2 layers × 1 KV head × 16 rows × 32 dims, K and V",
+    );
+    assert.ok(Math.abs(p.recomputeMsPerBlock - (16 / p.recomputeTokensPerS) * 1000) < 1e-9);
+    for (const u of [p.host, p.file!, p.kv!]) {
+      assert.equal(u.use, u.restoreMsPerBlock < p.recomputeMsPerBlock, u.reason);
+      assert.match(u.reason, /a block comes back in [\d.]+ ms, recomputing it takes [\d.]+ ms/);
+    }
+    assert.ok(p.prefetchBlocks >= 2 && p.prefetchBlocks <= 64);
+    assert.ok(p.measureMs > 0);
+    assert.deepEqual(await Array.fromAsync(Deno.readDir(spill)), [], "the probe's files are gone");
+    assert.equal(engine.kvStats().tiers!.file!.bytes, 0);
+    assert.deepEqual(await Array.fromAsync(store.kv.list({ prefix: ["kvprobe"] })), []);
+  } finally {
+    store.close();
+  }
 });

@@ -12,6 +12,7 @@
  * the rest.
  */
 import type { StorageTierProfile, TierRate, TierUse } from "../../api/types.ts";
+import { isCpuAdapter } from "../../gpu/device.ts";
 import { BLOCK } from "./blocks.ts";
 import type { KvTiers } from "./tiers.ts";
 
@@ -23,7 +24,7 @@ export interface ProfileProbes {
   store?(records: Uint8Array<ArrayBuffer>[]): Promise<{ writeMs: number; readMs: number }>;
 }
 
-/** Bytes moved per path (at least two records). */
+/** Bytes moved per path (at least two records); a quarter on a CPU adapter, where it is slow. */
 const PROBE_BYTES = 8 << 20;
 /** Bytes through the snapshot store (at least one record): it packs at ≈ 200 MiB/s. */
 const STORE_PROBE_BYTES = 2 << 20;
@@ -68,8 +69,8 @@ export async function measureProfile(
   probes: ProfileProbes,
 ): Promise<StorageTierProfile> {
   const start = performance.now(), pool = tiers.pool, dev = pool.gpu.device;
-  const rec = 2 * pool.blockBytes;
-  const n = Math.max(2, Math.min(Math.ceil(PROBE_BYTES / rec), pool.blocks.blocks.length - 1));
+  const rec = 2 * pool.blockBytes, probe = isCpuAdapter(pool.gpu) ? PROBE_BYTES / 4 : PROBE_BYTES;
+  const n = Math.max(2, Math.min(Math.ceil(probe / rec), pool.blocks.blocks.length - 1));
   const ids = Array.from({ length: n }, (_, i) => 1 + (i % (pool.blocks.blocks.length - 1)));
   const bytes = n * rec;
 

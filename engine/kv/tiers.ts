@@ -67,11 +67,16 @@ export class KvTiers {
   #copying: Promise<unknown> = Promise.resolve();
   #balancing = false;
   #writes = 0;
+  /** Bytes of the blocks below (each once, wherever its copies are), and of those being written. */
+  #storedBytes = 0;
+  #writingBytes = 0;
+  /** Since when a file write has been in flight (for `written.ms`). */
+  #writingSince = 0;
   readonly #stats = {
     spilled: { blocks: 0, bytes: 0, ms: 0 },
     written: { blocks: 0, bytes: 0, ms: 0 },
     dropped: 0,
-    restored: { host: 0, file: 0, kv: 0, bytes: 0 },
+    restored: { host: 0, file: 0, kv: 0, bytes: 0, ms: 0 },
     prefetched: 0,
     failed: 0,
   };
@@ -137,8 +142,8 @@ export class KvTiers {
     }
     const hashes: bigint[] = [], fresh: TierBlock[] = [], ids: number[] = [];
     // The chain's blocks are pinned while room is made for the next ones.
-    const chain: TierBlock[] = [];
-    for (let b = 0; b < this.#full(blocks); b++) {
+    const chain: TierBlock[] = [], full = this.#full(blocks);
+    for (let b = 0; b < full; b++) {
       const hash = blocks.hashes[b], tokens = blocks.tokens.slice(b * BLOCK, (b + 1) * BLOCK);
       const known = this.manager.find(hash, tokens);
       if (known) {
@@ -159,6 +164,7 @@ export class KvTiers {
           pins: 1,
         };
         this.manager.add(tb);
+        this.#storedBytes += bytes;
         chain.push(tb);
         fresh.push(tb);
         ids.push(id);
@@ -178,20 +184,13 @@ export class KvTiers {
     return hashes.length * BLOCK;
   }
 
-  /** Bytes the blocks below take (each block once, wherever its copies are). */
-  #stored(): number {
-    let n = 0;
-    for (const b of this.manager.all()) n += b.bytes;
-    return n;
-  }
-
   /**
    * Whether `bytes` more fit in host memory and files together, dropping the least valuable
    * blocks not held by `owner` (engine/kv/manager.ts `victims`) until they do.
    */
   #makeRoom(bytes: number, owner: string, now: number): boolean {
     const capacity = this.#hostRoom + (this.uses("file") ? this.file!.budget : 0);
-    let over = this.#stored() + bytes - capacity;
+    let over = this.#storedBytes + bytes - capacity;
     if (over <= 0) return true;
     for (const b of this.manager.victims(now, (b) => !b.holders.has(owner))) {
       over -= b.bytes;
@@ -201,12 +200,14 @@ export class KvTiers {
     return false;
   }
 
-  /** A block leaves every tier. */
+  /** A block leaves every tier (once). */
   #drop(b: TierBlock): void {
+    if (this.manager.get(b.hash) !== b) return;
     if (b.host) this.host.give(b.host);
     b.host = undefined;
     if (b.file) void this.file!.remove(b.hash);
     b.file = false;
+    this.#storedBytes -= b.bytes;
     const losers = this.manager.remove(b.hash);
     this.#stats.dropped++;
     if (losers.length) this.onLoss?.(losers);
@@ -224,11 +225,12 @@ export class KvTiers {
 
   /** Maps a spill's staging buffer and copies its blocks into host memory. */
   async #land(staging: GPUBuffer, fresh: TierBlock[], settle: (ok: boolean) => void) {
-    const t0 = performance.now();
+    // The spill's own IO: copying the mapped blocks into host memory. Waiting for the mapping
+    // is waiting for the GPU's queue and Deno's timer (and on a CPU adapter, for the thread's
+    // other work), not for the tier.
     let ok = false, io = 0;
     try {
       await staging.mapAsync(GPUMapMode.READ);
-      io = performance.now() - t0;
       // One copy out of a mapping at a time, a slice per task of the event loop.
       const copy = this.#copying.then(async () => {
         let at = 0, since = 0;
@@ -286,7 +288,7 @@ export class KvTiers {
     this.#balancing = true;
     try {
       const now = Date.now(), room = this.#hostRoom;
-      let over = this.host.used - room - this.#writingBytes();
+      let over = this.host.used - room - this.#writingBytes;
       if (over <= 0) return;
       for (const b of this.manager.victims(now, (b) => b.host !== undefined)) {
         if (over <= 0) break;
@@ -308,22 +310,16 @@ export class KvTiers {
     }
   }
 
-  #writingBytes(): number {
-    let n = 0;
-    for (const b of this.manager.all()) if (b.writing) n += b.bytes;
-    return n;
-  }
-
   /** Writes block `b`'s host copy to its file, then gives the memory back. */
   #write(b: TierBlock): void {
-    this.#writes++;
+    if (this.#writes++ === 0) this.#writingSince = performance.now();
+    this.#writingBytes += b.bytes;
     const t0 = performance.now();
     b.writing = this.file!.write(b.hash, b.tokens, b.host!).then(
       () => {
         const ms = performance.now() - t0, w = this.#stats.written;
         w.blocks++;
         w.bytes += b.bytes;
-        w.ms += ms;
         this.breaker.record(ms, `writing a block (${mb(b.bytes)}) to a file`, Date.now());
         b.file = true;
         if (this.manager.get(b.hash) === b && b.pins === 0 && b.host) {
@@ -333,11 +329,12 @@ export class KvTiers {
       },
       (e) => {
         console.error(`strata: writing a KV block to ${this.file!.dir} failed: ${e}`);
-        if (this.manager.get(b.hash) === b) this.#drop(b);
+        this.#drop(b);
       },
     ).finally(() => {
       b.writing = undefined;
-      this.#writes--;
+      if (--this.#writes === 0) this.#stats.written.ms += performance.now() - this.#writingSince;
+      this.#writingBytes -= b.bytes;
       this.#balance();
     });
     this.#track(b.writing);
@@ -397,7 +394,7 @@ export class KvTiers {
         this.host.give(buf);
         this.#stats.failed++;
         // The file is bad: the block leaves the tiers (its holders recompute from here).
-        if (this.manager.get(b.hash) === b) this.#drop(b);
+        this.#drop(b);
         return undefined;
       }
       this.#stats.prefetched++;
@@ -433,6 +430,7 @@ export class KvTiers {
     s.file += r.blocks.file;
     s.kv += r.blocks.kv;
     s.bytes += r.bytes;
+    s.ms += r.ms;
     if (plan.owner !== undefined) this.manager.release(plan.owner);
     return r.tokens;
   }

@@ -167,16 +167,7 @@ export class Engine implements EngineLike {
    */
   static async open(gpu: Gpu, model: GpuModel, options: EngineOptions = {}): Promise<Engine> {
     const engine = Engine.#create(gpu, model, options, await openFileTier(options));
-    const tiers = engine.#tiers;
-    if (tiers) {
-      await profileTiers(tiers, {
-        runner: engine.runner,
-        maxChunk: engine.opts.maxChunk,
-        contextLength: engine.contextLength,
-        kvDtype: engine.kvDtype,
-        store: options.store,
-      });
-    }
+    if (engine.#tiers) await profileTiers(engine.#tiers, engine, options.store);
     return engine;
   }
 

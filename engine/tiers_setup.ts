@@ -60,25 +60,32 @@ export function buildTiers(
   });
 }
 
-/** What {@linkcode profileTiers} measures with. */
+/** The engine as {@linkcode profileTiers} measures with it. */
 export interface ProfileParts {
   runner: Pick<Runner<never>, "profilePrefill">;
-  maxChunk: number;
+  opts: { maxChunk: number };
   contextLength: number;
   kvDtype: KvDtype;
-  store?: SessionStore;
 }
 
 /**
- * Measures `tiers`' profile (engine/kv/profile.ts) and keeps it on them. Only while the engine
- * is idle and before its sessions are restored.
+ * Measures `tiers`' profile (engine/kv/profile.ts) with the engine `p`'s prefill and `store`, and
+ * keeps it on them. Only while the engine is idle and before its sessions are restored.
  */
-export async function profileTiers(tiers: KvTiers, p: ProfileParts): Promise<void> {
-  const dev = tiers.pool.gpu.device, store = p.store;
+export async function profileTiers(
+  tiers: KvTiers,
+  p: ProfileParts,
+  store?: SessionStore,
+): Promise<void> {
+  const dev = tiers.pool.gpu.device;
   tiers.profile = await measureProfile(tiers, {
     prefill: async () => {
       const cpu = isCpuAdapter(tiers.pool.gpu);
-      const tokens = Math.min(p.maxChunk, p.contextLength, cpu ? CPU_PREFILL_TOKENS : Infinity);
+      const tokens = Math.min(
+        p.opts.maxChunk,
+        p.contextLength,
+        cpu ? CPU_PREFILL_TOKENS : Infinity,
+      );
       const run = async (repeats: number) => {
         const dispatches = p.runner.profilePrefill(tokens);
         const enc = dev.createCommandEncoder(), pass = enc.beginComputePass();

@@ -140,38 +140,43 @@ export class KvTiers {
       this.breaker.skip();
       return 0;
     }
-    const hashes: bigint[] = [], fresh: TierBlock[] = [], ids: number[] = [];
-    // The chain's blocks are pinned while room is made for the next ones.
-    const chain: TierBlock[] = [], full = this.#full(blocks);
+    // Its chain: blocks below already (pinned while room is made) and blocks to copy.
+    const full = this.#full(blocks), known: (TierBlock | undefined)[] = [];
+    let need = 0;
     for (let b = 0; b < full; b++) {
-      const hash = blocks.hashes[b], tokens = blocks.tokens.slice(b * BLOCK, (b + 1) * BLOCK);
-      const known = this.manager.find(hash, tokens);
-      if (known) {
-        known.pins++;
-        chain.push(known);
-      } else {
+      const k = this.manager.find(
+        blocks.hashes[b],
+        blocks.tokens.slice(b * BLOCK, (b + 1) * BLOCK),
+      );
+      if (k) k.pins++;
+      else need += 2 * this.pool.blockBytesOf(blocks.table[b]);
+      known.push(k);
+    }
+    let room = this.#makeRoom(need, owner, now);
+    for (const k of known) if (k) k.pins--;
+    const hashes: bigint[] = [], fresh: TierBlock[] = [], ids: number[] = [];
+    for (let b = 0; b < full; b++) {
+      const hash = blocks.hashes[b];
+      if (!known[b]) {
         const id = blocks.table[b], bytes = 2 * this.pool.blockBytesOf(id);
-        if (!this.#makeRoom(bytes, owner, now)) break;
-        const pb = this.pool.blocks.blocks[id];
+        if ((room -= bytes) < 0) break; // the rest does not fit: the prefix that did is kept
         const tb: TierBlock = {
           hash,
-          tokens,
+          tokens: blocks.tokens.slice(b * BLOCK, (b + 1) * BLOCK),
           bytes,
           file: false,
-          accesses: pb.accesses,
+          accesses: this.pool.blocks.blocks[id].accesses,
           lastAccess: now,
           holders: new Set(),
-          pins: 1,
+          pins: 0,
         };
         this.manager.add(tb);
         this.#storedBytes += bytes;
-        chain.push(tb);
         fresh.push(tb);
         ids.push(id);
       }
       hashes.push(hash);
     }
-    for (const k of chain) k.pins--;
     if (fresh.length) {
       const staging = this.pool.copyOut(ids);
       let settle!: (ok: boolean) => void;
@@ -185,19 +190,23 @@ export class KvTiers {
   }
 
   /**
-   * Whether `bytes` more fit in host memory and files together, dropping the least valuable
-   * blocks not held by `owner` (engine/kv/manager.ts `victims`) until they do.
+   * Makes room for `bytes` more in host memory and files together, dropping the least valuable
+   * blocks not held by `owner` (engine/kv/manager.ts `victims`) until they fit.
+   *
+   * @returns the bytes there is room for (less than `bytes` when dropping all it may was not
+   *   enough)
    */
-  #makeRoom(bytes: number, owner: string, now: number): boolean {
+  #makeRoom(bytes: number, owner: string, now: number): number {
     const capacity = this.#hostRoom + (this.uses("file") ? this.file!.budget : 0);
     let over = this.#storedBytes + bytes - capacity;
-    if (over <= 0) return true;
-    for (const b of this.manager.victims(now, (b) => !b.holders.has(owner))) {
-      over -= b.bytes;
-      this.#drop(b);
-      if (over <= 0) return true;
+    if (over > 0) {
+      for (const b of this.manager.victims(now, (b) => !b.holders.has(owner))) {
+        over -= b.bytes;
+        this.#drop(b);
+        if (over <= 0) break;
+      }
     }
-    return false;
+    return bytes - Math.max(0, over);
   }
 
   /** A block leaves every tier (once). */

@@ -11,7 +11,7 @@
 import { parseArgs } from "node:util";
 import { SessionStore } from "./engine/sessions/store.ts";
 import { Engine } from "./engine/engine.ts";
-import { sampling } from "./api/types.ts";
+import { type KvTierStats, sampling } from "./api/types.ts";
 import { status } from "./engine/model/progress.ts";
 import { WorkerEngine } from "./engine/worker/host.ts";
 import { parseKvDtype, parseQuantize, type QuantizeMode } from "./gpu/dtype.ts";
@@ -154,6 +154,16 @@ function tierFlags(
     kvHostBytes: hostMb * 2 ** 20,
     ...(dir !== undefined ? { kvSpillDir: dir, kvSpillBytes: spillMb * 2 ** 20 } : {}),
   };
+}
+
+/** ", evicted sessions to 1024 MiB of host memory and files" for the serving line. */
+function below(t: KvTierStats | undefined): string {
+  if (!t || (t.host.budgetBytes === 0 && !t.file)) return "";
+  const where = [
+    ...(t.host.budgetBytes ? [`${t.host.budgetBytes / 2 ** 20} MiB of host memory`] : []),
+    ...(t.file ? [`${Math.round(t.file.budgetBytes / 2 ** 20)} MiB of files`] : []),
+  ];
+  return `, evicted sessions to ${where.join(" and ")}`;
 }
 
 async function generate(args: string[]): Promise<void> {
@@ -421,7 +431,8 @@ async function serve(args: string[]): Promise<void> {
     onListen: ({ hostname, port }) =>
       console.error(
         `strata: serving ${engine.modelId} on ${engine.adapterName} at http://${hostname}:${port}/` +
-          ` (KV cache: ${engine.kvStats().gpu.total} blocks of 16 tokens, ${engine.kvDtype}; ` +
+          ` (KV cache: ${engine.kvStats().gpu.total} blocks of 16 tokens, ${engine.kvDtype}` +
+          `${below(engine.kvStats().tiers)}; ` +
           `${apiKeys.length} API key${apiKeys.length === 1 ? "" : "s"}` +
           `${quantize.quantize !== "none" ? `; ${quantize.quantize} projections` : ""})`,
       ),

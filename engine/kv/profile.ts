@@ -30,6 +30,8 @@ const PROBE_BYTES = 8 << 20;
 const STORE_PROBE_BYTES = 2 << 20;
 /** File reads and writes in flight while their throughput is measured. */
 const FILE_CONCURRENCY = 8;
+/** Reads a restore keeps in flight at least (a file read is several async operations) and most. */
+const MIN_PREFETCH = 4;
 const MAX_PREFETCH = 64;
 
 /**
@@ -153,7 +155,10 @@ export async function measureProfile(
   const up = blockMs(rec, hostToGpu);
   // Enough reads in flight that one read's wait is covered by the transfers of the others.
   const prefetchBlocks = fileToHost
-    ? Math.max(2, Math.min(MAX_PREFETCH, Math.ceil(singleReadMs / (blockMs(rec, fileToHost) + up))))
+    ? Math.max(
+      MIN_PREFETCH,
+      Math.min(MAX_PREFETCH, Math.ceil(singleReadMs / (blockMs(rec, fileToHost) + up))),
+    )
     : 8;
   return {
     measuredAt: Date.now(),

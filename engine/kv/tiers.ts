@@ -209,11 +209,16 @@ export class KvTiers {
     return bytes - Math.max(0, over);
   }
 
-  /** A block leaves every tier (once). */
+  /**
+   * A block leaves every tier (once). A restore that holds it may be reading its memory: that
+   * goes back when the restore lets go (see {@linkcode #source}).
+   */
   #drop(b: TierBlock): void {
     if (this.manager.get(b.hash) !== b) return;
-    if (b.host) this.host.give(b.host);
-    b.host = undefined;
+    if (b.host && b.pins === 0) {
+      this.host.give(b.host);
+      b.host = undefined;
+    }
     if (b.file) void this.file!.remove(b.hash);
     b.file = false;
     this.#storedBytes -= b.bytes;
@@ -423,6 +428,10 @@ export class KvTiers {
           if (transient) this.host.give(transient);
           transient = undefined;
           b.pins--;
+          if (b.pins === 0 && b.host && this.manager.get(b.hash) !== b) {
+            this.host.give(b.host); // it left the tiers while held
+            b.host = undefined;
+          }
           b.accesses++;
           b.lastAccess = Date.now();
           this.#balance();

@@ -131,7 +131,7 @@ Deno.test("tiers: through spill files, with a corrupt and a missing file falling
   });
   assert.deepEqual(corrupt.tokens, await roomy(3), "the session is not corrupted");
   assert.equal(corrupt.cached, 0);
-  // Both reads were in flight together (the prefetch distance is at least 2).
+  // Both reads were in flight together (the prefetch distance is at least 4).
   assert.equal(engine.kvStats().tiers!.failed, 2, "both records read as corrupt");
 
   // Missing files: the same.
@@ -223,7 +223,7 @@ Deno.test("tiers: the start-up profile measures every tier and leaves nothing be
       assert.equal(u.use, u.restoreMsPerBlock < p.recomputeMsPerBlock, u.reason);
       assert.match(u.reason, /a block comes back in [\d.]+ ms, recomputing it takes [\d.]+ ms/);
     }
-    assert.ok(p.prefetchBlocks >= 2 && p.prefetchBlocks <= 64);
+    assert.ok(p.prefetchBlocks >= 4 && p.prefetchBlocks <= 64);
     assert.ok(p.measureMs > 0);
     assert.deepEqual(await Array.fromAsync(Deno.readDir(spill)), [], "the probe's files are gone");
     assert.equal(engine.kvStats().tiers!.file!.bytes, 0);

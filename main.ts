@@ -3,6 +3,7 @@
  *
  *   deno task start [--model DIR] [--host H] [--port N] [--api-key KEY]... [--kv PATH]
  *                   [--kv-cold DIR] [--kv-warm-mb N] [--max-connections N] [--allowed-hosts H,...]
+ *                   [--kv-host-mb N] [--kv-spill DIR] [--kv-spill-mb N]
  *   deno task generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *                      [--temperature T] [--seed S] [--json] [--kv-dtype f32|f16]
  *                      [--context-length N] [--quantize int8|e4m3|none]
@@ -10,7 +11,7 @@
 import { parseArgs } from "node:util";
 import { SessionStore } from "./engine/sessions/store.ts";
 import { Engine } from "./engine/engine.ts";
-import { sampling } from "./api/types.ts";
+import { type KvTierStats, sampling } from "./api/types.ts";
 import { status } from "./engine/model/progress.ts";
 import { WorkerEngine } from "./engine/worker/host.ts";
 import { parseKvDtype, parseQuantize, type QuantizeMode } from "./gpu/dtype.ts";
@@ -25,7 +26,8 @@ const USAGE = `usage:
                    [--header-timeout S] [--idle-timeout S] [--body-timeout S]
                    [--kv-dtype f32|f16] [--kv-blocks N] [--kv-cold DIR] [--kv-warm-mb N]
                    [--kv-sync] [--speculate off|auto] [--quantize int8|e4m3|none]
-                   [--quantize-fallback on|off]
+                   [--quantize-fallback on|off] [--kv-host-mb N] [--kv-spill DIR]
+                   [--kv-spill-mb N]
   main.ts generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
                    [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
                    [--stop STR] [--chat] [--json] [--kv-dtype f32|f16] [--context-length N]
@@ -48,6 +50,12 @@ keys, TENANT/ID where TENANT is the key's tenant id).
 --kv-dtype f16 holds the KV cache in half the memory (K and V rounded to f16); default f32.
 --kv-blocks N sizes the GPU KV pool in 16-token blocks (default 4096 f32 blocks' worth of memory,
 at most what one binding holds).
+--kv-host-mb N: host memory for the KV of sessions evicted from the GPU (default 1024; 0: none):
+their next turn brings it back instead of prefilling (its tokens count as cached). --kv-spill DIR
+adds a folder of spill files (raw binary, one per block; its block files from an earlier run are
+removed at start) that takes what host memory cannot hold, up to --kv-spill-mb N (default 16384).
+A tier is used only when the start-up profile (in /health) measured it faster than recomputing;
+a spill slower than 200 ms pauses spills for 30 s (docs/kv_tiers.md).
 --quantize int8|e4m3 quantizes every layer's projections (QKV, o, gate/up, down) at load, one
 scale per output row; norms, attention, residuals, the KV cache, embeddings and the LM head keep
 their precision. A monitor measures each layer's inputs every batch and runs a layer whose inputs
@@ -64,7 +72,8 @@ Environment: STRATA_MODEL, HOST, PORT, STRATA_API_KEY, STRATA_API_KEYS (comma-se
 STRATA_KV, STRATA_CORS, STRATA_ALLOWED_HOSTS, STRATA_MAX_SLOTS, STRATA_MAX_QUEUED,
 STRATA_CONTEXT_LENGTH, STRATA_MAX_BODY_BYTES, STRATA_MAX_CONNECTIONS, STRATA_HEADER_TIMEOUT,
 STRATA_IDLE_TIMEOUT, STRATA_BODY_TIMEOUT, STRATA_KV_DTYPE, STRATA_KV_BLOCKS, STRATA_KV_COLD,
-STRATA_KV_WARM_MB, STRATA_KV_SYNC (1 or 0), STRATA_SPECULATE`;
+STRATA_KV_WARM_MB, STRATA_KV_SYNC (1 or 0), STRATA_SPECULATE, STRATA_KV_HOST_MB, STRATA_KV_SPILL,
+STRATA_KV_SPILL_MB`;
 
 function int(name: string, v: string | undefined, fallback: number): number {
   if (v === undefined) return fallback;
@@ -122,6 +131,40 @@ function quantizeOptions(
 function quantNote(q: { mode: string; formats: string[]; fallback: boolean }): string {
   if (q.mode === "none") return "";
   return `; ${q.formats.join("+")} projections, 16-bit fallback ${q.fallback ? "kept" : "off"}`;
+}
+
+/**
+ * The engine options of --kv-host-mb, --kv-spill and --kv-spill-mb (or their variables).
+ *
+ * @throws Error naming the flag for a value out of range, or --kv-spill-mb without a folder
+ */
+function tierFlags(
+  v: { "kv-host-mb"?: string; "kv-spill"?: string; "kv-spill-mb"?: string },
+  env: (k: string) => string | undefined,
+): { kvHostBytes: number; kvSpillDir?: string; kvSpillBytes?: number } {
+  const hostMb = int("kv-host-mb", v["kv-host-mb"] ?? env("STRATA_KV_HOST_MB"), 1024);
+  if (hostMb < 0) throw new Error(`--kv-host-mb must be >= 0; got ${hostMb}`);
+  const dir = v["kv-spill"] ?? env("STRATA_KV_SPILL");
+  const spillArg = v["kv-spill-mb"] ?? env("STRATA_KV_SPILL_MB");
+  if (spillArg !== undefined && dir === undefined) {
+    throw new Error("--kv-spill-mb needs --kv-spill DIR (the folder of the spill files)");
+  }
+  const spillMb = int("kv-spill-mb", spillArg, 16384);
+  if (spillMb < 1) throw new Error(`--kv-spill-mb must be >= 1; got ${spillMb}`);
+  return {
+    kvHostBytes: hostMb * 2 ** 20,
+    ...(dir !== undefined ? { kvSpillDir: dir, kvSpillBytes: spillMb * 2 ** 20 } : {}),
+  };
+}
+
+/** ", evicted sessions to 1024 MiB of host memory and files" for the serving line. */
+function below(t: KvTierStats | undefined): string {
+  if (!t || (t.host.budgetBytes === 0 && !t.file)) return "";
+  const where = [
+    ...(t.host.budgetBytes ? [`${t.host.budgetBytes / 2 ** 20} MiB of host memory`] : []),
+    ...(t.file ? [`${Math.round(t.file.budgetBytes / 2 ** 20)} MiB of files`] : []),
+  ];
+  return `, evicted sessions to ${where.join(" and ")}`;
 }
 
 async function generate(args: string[]): Promise<void> {
@@ -289,11 +332,15 @@ async function serve(args: string[]): Promise<void> {
       speculate: { type: "string" },
       quantize: { type: "string" },
       "quantize-fallback": { type: "string" },
+      "kv-host-mb": { type: "string" },
+      "kv-spill": { type: "string" },
+      "kv-spill-mb": { type: "string" },
       help: { type: "boolean" },
     },
   });
   if (v.help) return console.log(USAGE);
   const quantize = quantizeOptions(v.quantize, v["quantize-fallback"]);
+  const tiers = tierFlags(v, (k) => Deno.env.get(k) || undefined);
   const env = (k: string) => Deno.env.get(k) || undefined;
   const kvPath = v.kv ?? env("STRATA_KV");
   const syncEnv = env("STRATA_KV_SYNC");
@@ -369,6 +416,7 @@ async function serve(args: string[]): Promise<void> {
       ? int("kv-blocks", v["kv-blocks"] ?? env("STRATA_KV_BLOCKS"), 0)
       : undefined,
     ...quantize,
+    ...tiers,
   });
   const { createApp } = await import("./routes/app.ts");
   const { listen } = await import("./routes/listen.ts");
@@ -388,7 +436,8 @@ async function serve(args: string[]): Promise<void> {
     onListen: ({ hostname, port }) =>
       console.error(
         `strata: serving ${engine.modelId} on ${engine.adapterName} at http://${hostname}:${port}/` +
-          ` (KV cache: ${engine.kvStats().gpu.total} blocks of 16 tokens, ${engine.kvDtype}; ` +
+          ` (KV cache: ${engine.kvStats().gpu.total} blocks of 16 tokens, ${engine.kvDtype}` +
+          `${below(engine.kvStats().tiers)}; ` +
           `${apiKeys.length} API key${apiKeys.length === 1 ? "" : "s"}` +
           `${quantize.quantize !== "none" ? `; ${quantize.quantize} projections` : ""})`,
       ),

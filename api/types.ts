@@ -222,6 +222,78 @@ export interface KvStats {
   fs: { used: number };
   /** KV blocks session snapshots have copied from the GPU, and reused from earlier snapshots. */
   snapshotBlocks: { copied: number; reused: number };
+  /** The tiers below the GPU (host memory, spill files), when the engine has them. */
+  tiers?: KvTierStats;
+}
+
+/** A path between two tiers as the start-up profile measured it. */
+export interface TierRate {
+  /** Throughput once a transfer runs (GB/s, 10⁹ bytes). */
+  gbPerS: number;
+  /** Fixed cost of one transfer (ms): a GPU round trip, a file's open. */
+  latencyMs: number;
+}
+
+/** Whether restores use a tier, from the profile: only when that beats recomputing. */
+export interface TierUse {
+  use: boolean;
+  /** Time to bring one block back from the tier onto the GPU (ms, throughput only). */
+  restoreMsPerBlock: number;
+  reason: string;
+}
+
+/**
+ * Measured at start-up with real reads and writes of each tier (docs/kv_tiers.md): it decides
+ * which tiers sessions go down to and come back from, and how many reads a restore keeps in
+ * flight.
+ */
+export interface StorageTierProfile {
+  /** When it was measured (ms since the epoch), and how long that took (ms). */
+  measuredAt: number;
+  measureMs: number;
+  /** Bytes of one block's K‖V record (16 tokens, every layer). */
+  blockBytes: number;
+  /** Prefill throughput (tokens/s) and the time to recompute one block's 16 tokens (ms). */
+  recomputeTokensPerS: number;
+  recomputeMsPerBlock: number;
+  gpuToHost: TierRate;
+  hostToGpu: TierRate;
+  hostToFile?: TierRate;
+  fileToHost?: TierRate;
+  /** The snapshot store (Deno KV): writes and reads of packed blocks, packing included. */
+  kvWrite?: TierRate;
+  kvRead?: TierRate;
+  host: TierUse;
+  file?: TierUse;
+  kv?: TierUse;
+  /** Reads from a lower tier a restore keeps in flight. */
+  prefetchBlocks: number;
+}
+
+/** The tiers below the GPU, for /health and /metrics (docs/kv_tiers.md). */
+export interface KvTierStats {
+  host: { blocks: number; bytes: number; budgetBytes: number };
+  file?: { blocks: number; bytes: number; budgetBytes: number };
+  /** Blocks below the GPU by state: a restore waits for them, at rest, a copy in flight. */
+  states: { active: number; inactive: number; pendingEvict: number };
+  /** Blocks evicted sessions copied down from the GPU (and the time it took, ms). */
+  spilled: { blocks: number; bytes: number; ms: number };
+  /** Blocks moved from host memory to files (ms: the time some write was in flight). */
+  written: { blocks: number; bytes: number; ms: number };
+  /** Blocks that left every tier (budgets), and evicted blocks not kept at all. */
+  dropped: number;
+  /**
+   * Blocks brought back onto the GPU, by the tier they came from, their bytes, and the time
+   * from each restore's plan (its request queued) to its upload, summed (ms).
+   */
+  restored: { host: number; file: number; kv: number; bytes: number; ms: number };
+  /** Blocks read from files ahead of their restore. */
+  prefetched: number;
+  /** Blocks a restore could not read (missing or corrupt): their tokens were prefilled. */
+  failed: number;
+  /** The spill breaker: a slow spill pauses spills. */
+  breaker: { paused: boolean; reason?: string; trips: number; skipped: number };
+  profile?: StorageTierProfile;
 }
 
 /** Speculative decoding's state, for /metrics and /health. */

@@ -48,6 +48,9 @@ import { SpeculationPolicy, type SpeculationTuning } from "./sched/speculation.t
 import { ConstraintCompiler, ConstraintImages } from "./constraints.ts";
 import { replayTurns } from "./replay.ts";
 import { type EngineOptions, poolBlocks, type Settled, settleOptions } from "./options.ts";
+import type { KvTiers } from "./kv/tiers.ts";
+import type { FileTier } from "./kv/tier_file.ts";
+import { buildTiers, openFileTier, profileTiers } from "./tiers_setup.ts";
 import { PrecisionPolicy, type PrecisionThresholds } from "./sched/precision.ts";
 import { precisionStats } from "./sched/precision_stats.ts";
 
@@ -83,6 +86,8 @@ export class Engine implements EngineLike {
   #scoring = false;
   /** Which precision each layer runs at (the monitor's measurements decide). */
   readonly #precision: PrecisionPolicy;
+  /** The tiers below the GPU (host memory, spill files), when the options ask for them. */
+  readonly #tiers?: KvTiers;
 
   private constructor(
     readonly gpu: Gpu,
@@ -95,6 +100,7 @@ export class Engine implements EngineLike {
       store?: SessionStore;
       precision?: Partial<PrecisionThresholds>;
       speculation?: Partial<SpeculationTuning>;
+      tiers?: KvTiers;
     },
   ) {
     this.modelId = model.id;
@@ -108,7 +114,8 @@ export class Engine implements EngineLike {
     this.runner = parts.runner;
     this.#compiler = parts.compiler;
     this.#sched = new Scheduler(opts);
-    this.#sessions = new Sessions(parts.kv, model.id, parts.store);
+    this.#tiers = parts.tiers;
+    this.#sessions = new Sessions(parts.kv, model.id, parts.store, parts.tiers);
     this.#speculation = new SpeculationPolicy({
       rows: this.runner.specRows,
       mode: opts.speculate,
@@ -142,17 +149,36 @@ export class Engine implements EngineLike {
       fallback: options.fallback,
     });
     const model = { id: folder.id, config: folder.config, tokenizer, weights };
-    const engine = Engine.create(gpu, model, options);
+    const engine = await Engine.open(gpu, model, options);
     await engine.#sessions.restore();
     return engine;
   }
 
   /**
-   * Builds an engine over weights already on the GPU (the bench's in-memory random shapes).
+   * Builds an engine over weights already on the GPU (the bench's in-memory random shapes),
+   * without a spill folder (see {@linkcode open}).
    *
    * @throws Error when the KV pool cannot hold one sequence of the context length.
    */
   static create(gpu: Gpu, model: GpuModel, options: EngineOptions = {}): Engine {
+    return Engine.#create(gpu, model, options, undefined);
+  }
+
+  /**
+   * {@linkcode create}, with the tiers below the GPU whole: the spill folder opened and the
+   * start-up profile measured (engine/kv/profile.ts). Sessions in the store are not restored
+   * ({@linkcode load} does that).
+   *
+   * @throws Error when the KV pool cannot hold one sequence of the context length, or an option
+   *   is out of range
+   */
+  static async open(gpu: Gpu, model: GpuModel, options: EngineOptions = {}): Promise<Engine> {
+    const engine = Engine.#create(gpu, model, options, await openFileTier(options));
+    if (engine.#tiers) await profileTiers(engine.#tiers, engine, options.store);
+    return engine;
+  }
+
+  static #create(gpu: Gpu, model: GpuModel, options: EngineOptions, file?: FileTier): Engine {
     const { config: cfg, tokenizer, weights } = model;
     const opts = settleOptions(gpu, cfg, options);
     const numBlocks = poolBlocks(gpu, cfg, opts, options.kvBlocks);
@@ -175,7 +201,16 @@ export class Engine implements EngineLike {
       },
     });
     const { precision, store } = options, { pool: _, ...speculation } = options.speculation ?? {};
-    return new Engine(gpu, model, opts, { kv, runner, compiler, store, precision, speculation });
+    const tiers = buildTiers(kv, options, file);
+    return new Engine(gpu, model, opts, {
+      kv,
+      runner,
+      compiler,
+      store,
+      precision,
+      speculation,
+      tiers,
+    });
   }
 
   encode(text: string): number[] {
@@ -266,6 +301,7 @@ export class Engine implements EngineLike {
       kv: { used: stored.kv },
       fs: { used: stored.fs },
       snapshotBlocks: { copied: snap.blocksCopied, reused: snap.blocksReused },
+      ...(this.#tiers ? { tiers: this.#tiers.stats() } : {}),
     };
   }
 
@@ -317,7 +353,10 @@ export class Engine implements EngineLike {
     return this.#sessions.delete(id);
   }
 
-  /** Resolves when every session snapshot started so far is written. */
+  /**
+   * Resolves when every session snapshot started so far is written, and every spill of an
+   * evicted session's KV has landed in its tier.
+   */
   flushSnapshots(): Promise<void> {
     if (!this.#loop.running) this.#sessions.startReads();
     return this.#sessions.flush();
@@ -422,13 +461,15 @@ export class Engine implements EngineLike {
       ) common++;
       blocks.truncate(common);
       cached = blocks.computed;
-      blocks.appendPrompt(promptIds.slice(blocks.tokens.length));
-      session.busy = true;
+      cached += blocks.appendPrompt(promptIds.slice(blocks.tokens.length));
+      table.startTurn(session);
     } else {
       blocks = new SequenceBlocks(this.#kv.blocks, root);
       cached = blocks.appendPrompt(promptIds);
       if (request.sessionId) table.create(request.sessionId, blocks);
     }
+    // What the GPU lacks of the prompt may be below it: its reads start now (engine/kv/tiers.ts).
+    const restore = this.#sessions.planRestore(blocks, request.sessionId);
     const seq = new Sequence({
       request,
       blocks,
@@ -440,8 +481,12 @@ export class Engine implements EngineLike {
       // A grammar's state advances a token per step: its slot does not speculate.
       speculate: this.runner.specRows > 1 && request.speculation !== false && !grammar,
       grammar,
+      restore,
     });
+    const entry = request.sessionId ? table.get(request.sessionId) : undefined;
+    if (entry) entry.simhash = seq.simhash;
     this.#sched.enqueue(seq);
+    restore?.done.then(() => this.#loop.kick());
     request.signal?.addEventListener("abort", () => seq.cancel(), { once: true });
     this.#loop.kick();
     return seq.generation;

@@ -88,6 +88,55 @@ export interface EngineOptions {
   /** The precision monitor's range (engine/sched/precision.ts; tests force layers out of it). */
   precision?: Partial<PrecisionThresholds>;
   gpu?: Gpu;
+  /**
+   * Host memory for the KV of sessions evicted from the GPU, in bytes (`--kv-host-mb`; default
+   * 0: none). Their next turns bring it back instead of prefilling (docs/kv_tiers.md).
+   */
+  kvHostBytes?: number;
+  /**
+   * A folder for spill files: evicted sessions' KV goes there as host memory fills (raw binary,
+   * one file per block; `--kv-spill`; `Engine.open` and `Engine.load` only). Its block files
+   * from an earlier run are removed at start.
+   */
+  kvSpillDir?: string;
+  /** Bytes of spill files at most (`--kv-spill-mb`; default 16 GiB). */
+  kvSpillBytes?: number;
+  /**
+   * Which tiers restores use: "profile" (default) those the start-up profile measured faster
+   * than recomputing; "always" every tier that holds a block (tests, benchmarks).
+   */
+  kvTierPolicy?: "profile" | "always";
+  /** A spill slower than this pauses spills for 30 s (ms; default 200). */
+  kvSpillLimitMs?: number;
+}
+
+/** Default bytes of spill files: 16 GiB. */
+export const SPILL_BYTES = 16 * 2 ** 30;
+
+/**
+ * Checks the tier options of `options`.
+ *
+ * @throws Error naming the flag whose value is out of range
+ */
+export function checkTierOptions(options: EngineOptions): void {
+  const bytes = (v: number | undefined, flag: string) => {
+    if (v !== undefined && !(Number.isSafeInteger(v) && v >= 0)) {
+      throw new Error(`${flag} must be a whole number >= 0; got ${v}`);
+    }
+  };
+  bytes(options.kvHostBytes, "--kv-host-mb");
+  bytes(options.kvSpillBytes, "--kv-spill-mb");
+  const policy = options.kvTierPolicy;
+  if (policy !== undefined && policy !== "profile" && policy !== "always") {
+    throw new Error(`kvTierPolicy must be "profile" or "always"; got '${policy}'`);
+  }
+  const limit = options.kvSpillLimitMs;
+  if (limit !== undefined && !(limit > 0)) {
+    throw new Error(`kvSpillLimitMs must be a number of ms > 0; got ${limit}`);
+  }
+  if (options.kvSpillBytes !== undefined && options.kvSpillDir === undefined) {
+    throw new Error("--kv-spill-mb needs --kv-spill DIR (the folder of the file tier)");
+  }
 }
 
 /** The options with their defaults filled in, and the mask they give. */
@@ -103,6 +152,11 @@ export type Settled =
       | "fallback"
       | "precision"
       | "speculation"
+      | "kvHostBytes"
+      | "kvSpillDir"
+      | "kvSpillBytes"
+      | "kvTierPolicy"
+      | "kvSpillLimitMs"
     >
   >
   & { mask: AttentionMask };

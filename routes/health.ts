@@ -1,6 +1,13 @@
 /** `GET /health`: liveness for load balancers, with the model, adapter, load and KV use. */
 import { Hono } from "hono";
-import type { PrecisionStats, SpeculationStats } from "../api/types.ts";
+import type {
+  KvTierStats,
+  PrecisionStats,
+  SpeculationStats,
+  StorageTierProfile,
+  TierRate,
+  TierUse,
+} from "../api/types.ts";
 import type { ServerContext } from "./context.ts";
 
 /**
@@ -53,6 +60,59 @@ function precision(p: PrecisionStats | undefined) {
   };
 }
 
+const rateJson = (r: TierRate | undefined) =>
+  r ? { gb_per_s: r.gbPerS, latency_ms: r.latencyMs } : null;
+const useJson = (u: TierUse | undefined) =>
+  u ? { use: u.use, restore_ms_per_block: u.restoreMsPerBlock, reason: u.reason } : null;
+
+/** The start-up profile of the tiers (docs/kv_tiers.md) in snake case. */
+function profileJson(p: StorageTierProfile) {
+  return {
+    measured_at: new Date(p.measuredAt).toISOString(),
+    measure_ms: p.measureMs,
+    block_bytes: p.blockBytes,
+    recompute_tokens_per_s: p.recomputeTokensPerS,
+    recompute_ms_per_block: p.recomputeMsPerBlock,
+    gpu_to_host: rateJson(p.gpuToHost),
+    host_to_gpu: rateJson(p.hostToGpu),
+    host_to_file: rateJson(p.hostToFile),
+    file_to_host: rateJson(p.fileToHost),
+    kv_write: rateJson(p.kvWrite),
+    kv_read: rateJson(p.kvRead),
+    restore_from: { host: useJson(p.host), file: useJson(p.file), kv: useJson(p.kv) },
+    prefetch_blocks: p.prefetchBlocks,
+  };
+}
+
+/**
+ * The tiers below the GPU, when the engine has them: host memory and spill files (blocks, bytes,
+ * budgets), the spill breaker (paused and why), what moved, and the start-up profile.
+ */
+function tiersJson(t: KvTierStats | undefined) {
+  if (!t) return {};
+  const size = (x: { blocks: number; bytes: number; budgetBytes: number }) => ({
+    blocks: x.blocks,
+    bytes: x.bytes,
+    budget_bytes: x.budgetBytes,
+  });
+  return {
+    host: size(t.host),
+    ...(t.file ? { file: size(t.file) } : {}),
+    spill: {
+      paused: t.breaker.paused,
+      paused_because: t.breaker.reason ?? null,
+      breaker_trips: t.breaker.trips,
+      evictions_dropped: t.breaker.skipped,
+      spilled_blocks: t.spilled.blocks,
+      written_blocks: t.written.blocks,
+      dropped_blocks: t.dropped,
+      restored_blocks: t.restored.host + t.restored.file + t.restored.kv,
+      failed_blocks: t.failed,
+    },
+    profile: t.profile ? profileJson(t.profile) : null,
+  };
+}
+
 /** The `/health` sub-app: 200 `{status: "ok", ...}`, or 503 `{status: "shutting_down"}`. */
 export function healthRoutes(ctx: ServerContext): Hono {
   return new Hono().get("/", (c) => {
@@ -77,6 +137,7 @@ export function healthRoutes(ctx: ServerContext): Hono {
         gpu: { used: kv.gpu.used, total: kv.gpu.total },
         kv: { used: kv.kv.used },
         fs: { used: kv.fs.used },
+        ...tiersJson(kv.tiers),
       },
       speculation: speculationJson(engine.speculationStats()),
       ...precision(engine.precisionStats?.()),

@@ -13,7 +13,12 @@
  * | `strata_requests_running`              | gauge     |                        |
  * | `strata_requests_queued`               | gauge     |                        |
  * | `strata_requests_max_running`          | gauge     |                        |
- * | `strata_kv_blocks`                     | gauge     | tier (gpu, kv, fs)     |
+ * | `strata_kv_blocks`                     | gauge     | tier (gpu, host, file, kv, fs) |
+ * | `strata_kv_tier_bytes`                 | gauge     | tier (host, file)      |
+ * | `strata_kv_spill_blocks_total`         | counter   | to (host, file, dropped) |
+ * | `strata_kv_restore_blocks_total`       | counter   | from (host, file, kv, failed) |
+ * | `strata_kv_spill_breaker_trips_total`  | counter   |                        |
+ * | `strata_kv_spill_paused`               | gauge     |                        |
  * | `strata_kv_gpu_blocks_capacity`        | gauge     |                        |
  * | `strata_snapshot_blocks_total`         | counter   | source (gpu, store)    |
  * | `strata_websocket_connections`         | gauge     |                        |
@@ -110,11 +115,14 @@ export function createMetrics(engine: EngineLike): ServerMetrics {
       const kv = engine.kvStats();
       return [
         { labels: { tier: "gpu" }, value: kv.gpu.used },
+        ...(kv.tiers ? [{ labels: { tier: "host" }, value: kv.tiers.host.blocks }] : []),
+        ...(kv.tiers?.file ? [{ labels: { tier: "file" }, value: kv.tiers.file.blocks }] : []),
         { labels: { tier: "kv" }, value: kv.kv.used },
         { labels: { tier: "fs" }, value: kv.fs.used },
       ];
     }),
   );
+  tierMetrics(r, engine);
   r.add(
     new Gauge("strata_kv_gpu_blocks_capacity", "KV cache blocks the GPU pool holds.", () => [
       { labels: {}, value: engine.kvStats().gpu.total },
@@ -222,6 +230,75 @@ export function createMetrics(engine: EngineLike): ServerMetrics {
     }),
   );
   return m;
+}
+
+/**
+ * The tiers below the GPU (docs/kv_tiers.md): bytes held, blocks moved, the spill breaker. No
+ * series for an engine without tiers.
+ */
+function tierMetrics(r: Registry, engine: EngineLike): void {
+  const tiers = () => engine.kvStats().tiers;
+  r.add(
+    new Gauge("strata_kv_tier_bytes", "Bytes of KV blocks held below the GPU, per tier.", () => {
+      const t = tiers();
+      if (!t) return [];
+      return [
+        { labels: { tier: "host" }, value: t.host.bytes },
+        ...(t.file ? [{ labels: { tier: "file" }, value: t.file.bytes }] : []),
+      ];
+    }),
+  );
+  r.add(
+    new Counter(
+      "strata_kv_spill_blocks_total",
+      "KV blocks of evicted sessions copied from the GPU to host memory, written from host " +
+        "memory to files, or dropped from every tier.",
+      () => {
+        const t = tiers();
+        return t
+          ? [
+            { labels: { to: "host" }, value: t.spilled.blocks },
+            { labels: { to: "file" }, value: t.written.blocks },
+            { labels: { to: "dropped" }, value: t.dropped },
+          ]
+          : [];
+      },
+    ),
+  );
+  r.add(
+    new Counter(
+      "strata_kv_restore_blocks_total",
+      "KV blocks brought back onto the GPU by the tier they came from; failed: unreadable, " +
+        "prefilled instead.",
+      () => {
+        const t = tiers();
+        return t
+          ? [
+            { labels: { from: "host" }, value: t.restored.host },
+            { labels: { from: "file" }, value: t.restored.file },
+            { labels: { from: "kv" }, value: t.restored.kv },
+            { labels: { from: "failed" }, value: t.failed },
+          ]
+          : [];
+      },
+    ),
+  );
+  r.add(
+    new Counter(
+      "strata_kv_spill_breaker_trips_total",
+      "Spills slower than the limit (200 ms), each pausing spills.",
+      () => {
+        const t = tiers();
+        return t ? [{ labels: {}, value: t.breaker.trips }] : [];
+      },
+    ),
+  );
+  r.add(
+    new Gauge("strata_kv_spill_paused", "1 while spills are paused by the breaker.", () => {
+      const t = tiers();
+      return t ? [{ labels: {}, value: t.breaker.paused ? 1 : 0 }] : [];
+    }),
+  );
 }
 
 /** `GET /metrics`: the registry in Prometheus text format. */

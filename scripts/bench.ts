@@ -39,6 +39,7 @@ import {
 import { BenchProgress } from "./bench_progress.ts";
 import { speculationMain } from "./bench_speculation.ts";
 import { constrainedMain } from "./bench_constrained.ts";
+import { resumeMain } from "./bench_resume.ts";
 
 import type { BenchResult, Lag, SessionsResult, WorkerResult } from "./bench_result.ts";
 
@@ -430,6 +431,7 @@ export function promptMaker(vocab: number, len: number, seed = 0x5eed): () => nu
 export async function main(args: string[]): Promise<void> {
   if (args.includes("--speculate")) return await speculationMain(args);
   if (args.includes("--constrained")) return await constrainedMain(args);
+  if (args.includes("--resume")) return await resumeMain(args);
   const flags = parseFlags(args);
   if (flags.help) return console.log(USAGE);
   const result = await runBench(flags.options);

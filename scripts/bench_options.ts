@@ -181,6 +181,8 @@ and B on a CPU adapter; flags given always win.
                        combination): see deno task bench --speculate --help
   --constrained        measure constrained decoding instead (json_schema against unconstrained
                        tok/s, alone and batched; compile time): deno task bench --constrained --help
+  --resume             measure sessions resumed from host memory, spill files and Deno KV
+                       against recomputing them: see deno task bench --resume --help
   --model DIR          model folder (default models/strata-default)
   --shape NAME         a synthetic shape instead of a folder: tinyllama-1.1b, llama-7b or tiny
                        (random weights made on the GPU, the default model's tokenizer)

@@ -5,8 +5,10 @@
  * packages) reads them and starts `deno run` with exactly:
  *
  * - `--allow-read`: the repository (the code, the worker's module, the WGSL kernels, the chat
- *   page, the default model), the model folder, the Deno KV file and the cold folder;
- * - `--allow-write`: the Deno KV file and the cold folder, only with `--kv`;
+ *   page, the default model), the model folder, the Deno KV file, the cold folder and the spill
+ *   folder;
+ * - `--allow-write`: the Deno KV file and the cold folder (only with `--kv`), the spill folder
+ *   (only with `--kv-spill`);
  * - `--allow-net`: the listen address, and 127.0.0.1 for the listener's loopback leg
  *   (routes/listen.ts), plus a remote Deno KV's host; none for `generate`;
  * - `--allow-env`: the variables main.ts reads (and `DENO_KV_ACCESS_TOKEN` for a remote KV).
@@ -44,6 +46,9 @@ export const SERVE_ENV = [
   "STRATA_HEADER_TIMEOUT",
   "STRATA_IDLE_TIMEOUT",
   "STRATA_BODY_TIMEOUT",
+  "STRATA_KV_HOST_MB",
+  "STRATA_KV_SPILL",
+  "STRATA_KV_SPILL_MB",
   "XDG_RUNTIME_DIR",
 ];
 
@@ -88,6 +93,7 @@ export function permissions(
       port: { type: "string" },
       kv: { type: "string" },
       "kv-cold": { type: "string" },
+      "kv-spill": { type: "string" },
     },
   });
   const get = (flag: string, name: string) => {
@@ -116,6 +122,8 @@ export function permissions(
     read.push(kv, cold);
     write.push(kv, cold);
   }
+  const spill = get("kv-spill", "STRATA_KV_SPILL");
+  if (spill) read.push(spill), write.push(spill);
   return [
     "--no-prompt",
     `--allow-read=${read.join(",")}`,

@@ -261,7 +261,7 @@ Deno.test("bench: --help lists every flag with its default, and the environment"
   for (const flag of parsed) assert.ok(flags.includes(flag), `--help lacks ${flag}`);
   for (const line of USAGE.split("\n").filter((l) => /^ {2}--[a-z]/.test(l))) {
     const flag = line.trim().split(" ")[0];
-    const modes = ["--speculate", "--constrained"];
+    const modes = ["--speculate", "--constrained", "--resume"];
     if (["--model", "--shape", "--out", "--profile", "--worker", ...modes].includes(flag)) {
       continue;
     }

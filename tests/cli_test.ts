@@ -51,12 +51,16 @@ Deno.test("generate: --context-length bounds prompt + max tokens; bad values are
   assert.match(bad.stderr, /--context-length must be an integer; got 'long'/);
 });
 
-Deno.test("serve: the session store's flags are refused without a store, or out of range", async () => {
+Deno.test("serve: the store's and the tiers' flags are refused without what they need, or out of range", async () => {
   const cases: [string[], RegExp][] = [
     [["--kv-warm-mb", "64"], /--kv-cold and --kv-warm-mb need --kv PATH/],
     [["--kv-cold", "/tmp/x"], /--kv-cold and --kv-warm-mb need --kv PATH/],
     [["--kv", "/tmp/x.sqlite", "--kv-warm-mb=-1"], /--kv-warm-mb must be >= 0; got -1/],
     [["--kv", "/tmp/x.sqlite", "--kv-warm-mb", "lots"], /--kv-warm-mb must be an integer/],
+    [["--kv-host-mb=-1"], /--kv-host-mb must be >= 0; got -1/],
+    [["--kv-host-mb", "lots"], /--kv-host-mb must be an integer; got 'lots'/],
+    [["--kv-spill-mb", "64"], /--kv-spill-mb needs --kv-spill DIR/],
+    [["--kv-spill", "/tmp/s", "--kv-spill-mb", "0"], /--kv-spill-mb must be >= 1; got 0/],
   ];
   for (const [args, message] of cases) {
     const r = await main("serve", "--port", "0", ...args);

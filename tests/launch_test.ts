@@ -28,6 +28,12 @@ Deno.test("launch: each flag grants what it names, and nothing else", () => {
       env,
     ],
   );
+  // A spill folder is read and written (and only with --kv-spill or STRATA_KV_SPILL).
+  const spill = permissions("serve", ["--kv-spill", "/s", "--kv-host-mb", "0"], none);
+  assert.ok(spill.includes(`--allow-read=${ROOT},/s`), spill.join(" "));
+  assert.ok(spill.includes("--allow-write=/s"), spill.join(" "));
+  const spillEnv = permissions("serve", [], (k) => (k === "STRATA_KV_SPILL" ? "/e" : undefined));
+  assert.ok(spillEnv.includes("--allow-write=/e"), spillEnv.join(" "));
   // The environment stands in for absent flags, as in main.ts; flags win.
   const vars: Record<string, string> = { STRATA_KV: "k.db", STRATA_KV_COLD: "/c", PORT: "0" };
   const fromEnv = permissions("serve", ["--host", "::"], (k) => vars[k]);

@@ -12,12 +12,17 @@ import { loadModelFolder } from "../engine/model/folder.ts";
 import { TextTokenizer } from "../engine/model/tokenizer.ts";
 import {
   type Admission,
+  AFFINITY_WINDOW,
+  MAX_BYPASS,
   MAX_INFLIGHT,
   poolBudget,
   Scheduler,
   type SchedulerOptions,
   STREAMING_STEPS,
 } from "../engine/sched/scheduler.ts";
+import { RestorePlan } from "../engine/kv/restore.ts";
+import { blockHash } from "../engine/kv/blocks.ts";
+import { promptSimhash } from "../engine/kv/simhash.ts";
 import { Sequence } from "../engine/sched/sequence.ts";
 import { SessionTable } from "../engine/sessions/table.ts";
 import { makeTestModel } from "../scripts/make_test_model.ts";
@@ -44,8 +49,16 @@ function setup(blocks: number, opts: Partial<SchedulerOptions> = {}) {
 }
 
 /** A sequence of a `prompt`-token prompt that may generate `maxTokens`. */
-function seq(pool: BlockPool, prompt: number, maxTokens: number, first = 1): Sequence {
-  const promptIds = Array.from({ length: prompt }, (_, i) => first + i);
+function seq(
+  pool: BlockPool,
+  prompt: number | number[],
+  maxTokens: number,
+  first = 1,
+  restore?: RestorePlan,
+): Sequence {
+  const promptIds = typeof prompt === "number"
+    ? Array.from({ length: prompt }, (_, i) => first + i)
+    : prompt;
   const blocks = new SequenceBlocks(pool);
   const cached = blocks.appendPrompt(promptIds);
   return new Sequence({
@@ -54,7 +67,20 @@ function seq(pool: BlockPool, prompt: number, maxTokens: number, first = 1): Seq
     cached,
     tokenizer,
     cancel: () => {},
+    restore,
   });
+}
+
+/** An idle session `id` holding the KV of `ids` (whole blocks) on the GPU. */
+function idleSession(s: ReturnType<typeof setup>, id: string, ids: number[], simhash?: bigint) {
+  const blocks = new SequenceBlocks(s.pool);
+  blocks.appendPrompt(ids);
+  blocks.reserve(ids.length);
+  blocks.markComputed(ids.length);
+  const entry = s.table.create(id, blocks);
+  entry.busy = false;
+  entry.simhash = simhash;
+  return entry;
 }
 
 const idle = { prefillQueued: 0, inflight: 0 };
@@ -240,4 +266,82 @@ Deno.test("scheduler: drain empties the queue and the slots", () => {
   admitAll(s);
   assert.deepEqual(new Set(s.sched.drain()), new Set([a, b]));
   assert.deepEqual([s.sched.running, s.sched.queued], [0, 0]);
+});
+
+Deno.test("scheduler: a prompt that shares KV with an idle session goes before one that would evict it", () => {
+  const s = setup(1 + 6, { maxSlots: 1 });
+  // A document the idle session read, and a question about it queued behind an unrelated head.
+  const doc = Array.from({ length: 2 * BLOCK }, (_, i) => 100 + ((i * 37) % 300));
+  const question = [...doc, ...Array.from({ length: 3 }, (_, i) => 900 + i)];
+  const entry = idleSession(s, "doc", doc, promptSimhash(question));
+  const asked = seq(s.pool, question, 4); // finds the session's two blocks: needs one more
+  const head = seq(s.pool, 60, 8, 1000); // 5 blocks: only evicting the session makes room
+  s.sched.enqueue(head);
+  s.sched.enqueue(asked);
+  assert.equal(asked.blocks.computed, 2 * BLOCK);
+  assert.equal(s.pool.freeCount, 4);
+  assert.deepEqual(admitAll(s).map((x) => x.seq), [asked]);
+  assert.equal(head.bypassed, 1);
+  assert.equal(entry.blocks.table.length, 2, "the session was not evicted");
+  s.sched.vacate(asked);
+  asked.blocks.free();
+  assert.deepEqual(admitAll(s).map((x) => x.seq), [head]);
+  assert.equal(entry.blocks.table.length, 0, "now it was");
+
+  // Similar without shared blocks (a SimHash near a resident session's) counts too; one that
+  // is neither does not; and the head is passed over at most MAX_BYPASS times.
+  const t = setup(1 + 8, { maxSlots: 1, maxQueued: 20 });
+  const near = Array.from({ length: 40 }, (_, i) => 7 + ((i * 11) % 200));
+  const nearHash = promptSimhash(near);
+  idleSession(t, "resident", Array.from({ length: 3 * BLOCK }, (_, i) => 3000 + i), nearHash);
+  const big = seq(t.pool, 80, 16, 5000); // 6 blocks of 5 free
+  t.sched.enqueue(big);
+  t.sched.enqueue(seq(t.pool, 20, 2, 7000)); // fits, shares nothing
+  const alike = Array.from({ length: MAX_BYPASS + 1 }, () => seq(t.pool, near, 2));
+  for (const a of alike) t.sched.enqueue(a);
+  const order: Sequence[] = [];
+  for (let i = 0; i < MAX_BYPASS + 1; i++) {
+    const [a] = admitAll(t);
+    order.push(a.seq);
+    t.sched.vacate(a.seq);
+    a.seq.blocks.free();
+  }
+  assert.deepEqual(order, [...alike.slice(0, MAX_BYPASS), big]);
+  assert.ok(AFFINITY_WINDOW >= 2);
+});
+
+Deno.test("scheduler: a head whose blocks are still being read waits, then counts them cached", async () => {
+  const s = setup(1 + 8);
+  const ids = Array.from({ length: 2 * BLOCK + 4 }, (_, i) => 40 + i);
+  // The GPU's cache holds the prompt's first block (found once the read is in).
+  const cachedBlock = new SequenceBlocks(s.pool);
+  cachedBlock.appendPrompt(ids.slice(0, BLOCK));
+  cachedBlock.reserve(BLOCK);
+  cachedBlock.markComputed(BLOCK);
+  cachedBlock.free();
+  let arrive!: () => void;
+  const read = new Promise<void>((r) => (arrive = r));
+  const h0 = blockHash(0n, ids.slice(0, BLOCK)), h1 = blockHash(h0, ids.slice(BLOCK, 2 * BLOCK));
+  const plan = new RestorePlan([
+    { hash: h0, tokens: ids.slice(0, BLOCK), tier: "gpu" },
+    {
+      hash: h1,
+      tokens: ids.slice(BLOCK, 2 * BLOCK),
+      tier: "file",
+      load: () => read.then(() => undefined),
+    },
+  ], 4);
+  const q = seq(s.pool, ids, 4, 0, plan);
+  s.sched.enqueue(q);
+  const other = seq(s.pool, 10, 2, 500);
+  s.sched.enqueue(other);
+  assert.ok(s.sched.restoring);
+  assert.deepEqual(admitAll(s), [], "the queue waits behind it");
+  arrive();
+  await plan.done;
+  assert.ok(!s.sched.restoring);
+  assert.deepEqual(admitAll(s).map((x) => x.seq), [q, other].slice(0, OPTS.maxSlots));
+  // The first block came from the GPU's cache; the second could not be read: it is prefilled.
+  assert.equal(q.blocks.computed, BLOCK);
+  q.fail(new Error("done"));
 });

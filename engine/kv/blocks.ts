@@ -10,7 +10,8 @@ export const BLOCK = 16;
 
 /**
  * Per-block bookkeeping (DESIGN.md "KV: paged, tiered, content-addressed"): a block nobody
- * references (refCount 0) is free, and keeps its content until it is allocated again.
+ * references (refCount 0) is free, and keeps its content until it is allocated again. The tiers
+ * below the GPU keep the same facts of the blocks they hold (engine/kv/manager.ts).
  */
 export interface Block {
   id: number;
@@ -19,6 +20,10 @@ export interface Block {
   hash: bigint;
   /** Token ids of a full block (checked on a hash hit). */
   tokens: number[];
+  /** Times its content was taken: written first, or found by hash. */
+  accesses: number;
+  /** When it was last taken (ms since the epoch). */
+  lastAccess: number;
 }
 
 const hasher = await xxhash();
@@ -62,6 +67,8 @@ export class BlockPool {
       refCount: id === 0 ? 1 : 0,
       hash: 0n,
       tokens: [],
+      accesses: 0,
+      lastAccess: 0,
     }));
     // Lowest ids first keeps small tests readable; order after that is LRU (push on free).
     for (let i = numBlocks - 1; i >= 1; i--) this.#free.push(i);
@@ -82,8 +89,16 @@ export class BlockPool {
     if (id === undefined) throw new OutOfBlocksError(1, 0);
     const b = this.blocks[id];
     if (b.hash !== 0n && this.#byHash.get(b.hash) === id) this.#byHash.delete(b.hash);
-    Object.assign(b, { refCount: 1, hash: 0n, tokens: [] });
+    Object.assign(b, { refCount: 1, hash: 0n, tokens: [], accesses: 1, lastAccess: Date.now() });
     return id;
+  }
+
+  /** Whether a block holds this content (without taking it). */
+  has(hash: bigint, tokens: readonly number[]): boolean {
+    const id = this.#byHash.get(hash);
+    if (id === undefined) return false;
+    const b = this.blocks[id];
+    return b.tokens.length === tokens.length && b.tokens.every((t, i) => t === tokens[i]);
   }
 
   /** Looks up a full block by content; on a hit takes a reference to it. */
@@ -96,6 +111,8 @@ export class BlockPool {
     }
     if (b.refCount === 0) this.#free.splice(this.#free.indexOf(id), 1);
     b.refCount++;
+    b.accesses++;
+    b.lastAccess = Date.now();
     return id;
   }
 
@@ -140,26 +157,66 @@ export class SequenceBlocks {
    * block boundary. Returns how many of the appended tokens were found cached.
    */
   appendPrompt(ids: number[]): number {
-    let cached = 0;
-    const start = this.tokens.length;
-    if (start === this.computed && start % BLOCK === 0) {
-      let parent = this.#hashes.at(-1) ?? this.root;
-      // Keep at least one token to prefill: the last one's logits start generation.
-      for (let i = 0; i + BLOCK < ids.length; i += BLOCK) {
-        const chunk = ids.slice(i, i + BLOCK);
-        const h = blockHash(parent, chunk);
-        const id = this.pool.lookup(h, chunk);
-        if (id === undefined) break;
-        this.table.push(id);
-        this.#hashes.push(h);
-        this.tokens.push(...chunk);
-        parent = h;
-        cached += BLOCK;
-      }
-      this.computed += cached;
+    const start = this.tokens.length, aligned = start === this.computed;
+    for (const id of ids) this.tokens.push(id); // no spread: a 128k-token prompt overflows it
+    return aligned ? this.shareCached() : 0;
+  }
+
+  /**
+   * Takes the full blocks of its uncomputed tokens that the pool holds by content, in order from
+   * the first uncomputed one, keeping at least one token to compute (the last one's logits start
+   * generation). Nothing when its computed tokens do not end at a block boundary with no block
+   * reserved past them. A sequence waiting for admission calls it again: what ran meanwhile may
+   * have computed its prefix.
+   *
+   * @returns how many tokens were found
+   */
+  shareCached(): number {
+    return this.extendCached((h, chunk) => this.pool.lookup(h, chunk));
+  }
+
+  /**
+   * Extends the computed prefix block by block with what `find` gives for the next block (its
+   * chained hash and tokens): a block that holds that content (already referenced for this
+   * sequence), or undefined to stop. Rules as {@linkcode shareCached}.
+   *
+   * @returns how many tokens were added
+   */
+  extendCached(find: (hash: bigint, tokens: number[]) => number | undefined): number {
+    if (!this.atBoundary) return 0;
+    let added = 0;
+    let parent = this.lastHash;
+    for (let i = this.computed; i + BLOCK < this.tokens.length; i += BLOCK) {
+      const chunk = this.tokens.slice(i, i + BLOCK);
+      const h = blockHash(parent, chunk);
+      const id = find(h, chunk);
+      if (id === undefined) break;
+      this.table.push(id);
+      this.#hashes.push(h);
+      parent = h;
+      added += BLOCK;
     }
-    for (let i = cached; i < ids.length; i++) this.tokens.push(ids[i]); // no spread: 128k ids
-    return cached;
+    this.computed += added;
+    return added;
+  }
+
+  /**
+   * Whether its computed tokens end at a block boundary with exactly their blocks in the table
+   * (no partial block, nothing reserved past them): only then can cached blocks be appended.
+   */
+  get atBoundary(): boolean {
+    return this.computed % BLOCK === 0 && this.table.length * BLOCK === this.computed &&
+      this.#hashes.length === this.table.length;
+  }
+
+  /** The chained hash of its last full block (the root when it has none). */
+  get lastHash(): bigint {
+    return this.#hashes.at(-1) ?? this.root;
+  }
+
+  /** Chained hashes of its full blocks, in order. */
+  get hashes(): readonly bigint[] {
+    return this.#hashes;
   }
 
   /** Makes sure blocks exist for positions [0, upTo). */

@@ -55,32 +55,46 @@ export class KvPool {
   }
 
   /**
-   * Queues a copy of blocks `ids` into a new mappable buffer (not yet mapped), block i's K then
-   * V at byte `2 i · blockBytes`. Queue order makes it a copy of what the work submitted so far
+   * Bytes block `id` takes in each of `k` and `v`: its K‖V record ({@linkcode copyOut},
+   * {@linkcode write}) is twice that. The tiers below the GPU treat a record as opaque bytes of
+   * this size, so blocks of another layout need only answer here.
+   */
+  blockBytesOf(_id: number): number {
+    return this.blockBytes;
+  }
+
+  /**
+   * Queues a copy of blocks `ids` into a new mappable buffer (not yet mapped): their K‖V
+   * records one after another, block i's K then V at the sum of the records before it
+   * ({@linkcode blockBytesOf}). Queue order makes it a copy of what the work submitted so far
    * wrote, whatever is submitted later.
    */
   copyOut(ids: readonly number[]): GPUBuffer {
-    const dev = this.gpu.device, bb = this.blockBytes;
+    const dev = this.gpu.device;
+    const size = ids.reduce((n, id) => n + 2 * this.blockBytesOf(id), 0);
     const staging = dev.createBuffer({
-      size: Math.max(4, 2 * ids.length * bb),
+      size: Math.max(4, size),
       usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
     });
     const enc = dev.createCommandEncoder();
-    ids.forEach((id, i) => {
-      enc.copyBufferToBuffer(this.k, id * bb, staging, 2 * i * bb, bb);
-      enc.copyBufferToBuffer(this.v, id * bb, staging, (2 * i + 1) * bb, bb);
-    });
+    let at = 0;
+    for (const id of ids) {
+      const bb = this.blockBytesOf(id);
+      enc.copyBufferToBuffer(this.k, id * this.blockBytes, staging, at, bb);
+      enc.copyBufferToBuffer(this.v, id * this.blockBytes, staging, at + bb, bb);
+      at += 2 * bb;
+    }
     dev.queue.submit([enc.finish()]);
     return staging;
   }
 
-  /** Writes one block's K‖V bytes (`2 · blockBytes`, as {@linkcode copyOut} lays them out). */
+  /** Writes one block's K‖V record (`2 · blockBytesOf(id)` bytes, as {@linkcode copyOut} lays it out). */
   write(id: number, raw: Uint8Array<ArrayBuffer>): void {
-    const q = this.gpu.device.queue, bb = this.blockBytes;
+    const q = this.gpu.device.queue, bb = this.blockBytesOf(id);
     if (raw.byteLength !== 2 * bb) {
-      throw new Error(`internal error: a KV block is ${2 * bb} bytes; got ${raw.byteLength}`);
+      throw new Error(`internal error: KV block ${id} is ${2 * bb} bytes; got ${raw.byteLength}`);
     }
-    q.writeBuffer(this.k, id * bb, raw, 0, bb);
-    q.writeBuffer(this.v, id * bb, raw, bb, bb);
+    q.writeBuffer(this.k, id * this.blockBytes, raw, 0, bb);
+    q.writeBuffer(this.v, id * this.blockBytes, raw, bb, bb);
   }
 }

@@ -65,7 +65,7 @@ export class Loop {
     this.#sched = parts.scheduler;
     this.#sessions = parts.sessions;
     this.#spec = parts.speculation;
-    this.#kv = poolBudget(parts.sessions.kv.blocks, parts.sessions.table);
+    this.#kv = poolBudget(parts.sessions.kv.blocks, parts.sessions.table, parts.sessions.tiers);
     if (parts.mask && parts.mask.kind !== "causal") this.#mask = parts.mask;
   }
 
@@ -111,7 +111,8 @@ export class Loop {
     }).finally(() => {
       this.#running = false;
       this.#sessions.startReads(); // no readback round is coming to request them
-      if (this.#sched.queued) this.kick();
+      // A head still reading its blocks from below the GPU kicks the loop when they are in.
+      if (this.#sched.queued && !this.#sched.restoring) this.kick();
       else for (const resolve of this.#idle.splice(0)) resolve();
     });
   }

@@ -7,6 +7,8 @@
  */
 import { EngineBusyError } from "../../api/errors.ts";
 import { BLOCK, type BlockPool } from "../kv/blocks.ts";
+import { hamming, SIMILAR_BITS } from "../kv/simhash.ts";
+import type { KvTiers } from "../kv/tiers.ts";
 import type { SessionTable } from "../sessions/table.ts";
 import type { Sequence } from "./sequence.ts";
 
@@ -27,19 +29,51 @@ export interface SchedulerOptions {
 /** The KV cache as admission sees it: free blocks, and idle sessions' blocks to take back. */
 export interface KvBudget {
   readonly freeBlocks: number;
-  /** Frees idle sessions' blocks, least recently used first, until `need` blocks are free. */
+  /**
+   * Frees idle sessions' blocks until `need` blocks are free (their KV goes down a tier when
+   * there is one), the one predicted to come back last first.
+   */
   evictIdle(need: number): void;
+  /**
+   * The idle sessions whose KV is on the GPU (what eviction takes): each one's last prompt's
+   * SimHash, undefined where unknown.
+   */
+  residentIdle(): readonly (bigint | undefined)[];
+  /**
+   * Gives an admitted sequence the blocks of its prompt that are cached on the GPU or planned
+   * to come back from below it (`Sequence.restore`), in order, counting them as cached; called
+   * before its blocks are reserved (they come out of the room admission found for it).
+   */
+  restore(seq: Sequence): void;
 }
 
-/** The budget of `pool`, whose idle blocks are held by the sessions of `table`. */
-export function poolBudget(pool: BlockPool, table: SessionTable): KvBudget {
+/**
+ * The budget of `pool`, whose idle blocks are held by the sessions of `table`; restores upload
+ * through `tiers`.
+ */
+export function poolBudget(pool: BlockPool, table: SessionTable, tiers?: KvTiers): KvBudget {
   return {
     get freeBlocks() {
       return pool.freeCount;
     },
     evictIdle: (need) => table.evict(need),
+    residentIdle: () => table.residentIdle(),
+    restore: (seq) => {
+      let n = seq.blocks.shareCached();
+      if (seq.restore && tiers) n += tiers.take(seq.restore, seq.blocks);
+      seq.restore?.release();
+      seq.addCached(n);
+    },
   };
 }
+
+/**
+ * Waiting sequences (after the head) that admission looks at for one that shares KV with the
+ * GPU's (see {@linkcode Scheduler.nextAdmission}).
+ */
+export const AFFINITY_WINDOW = 8;
+/** Times the head of the queue may be passed over for such a one before it goes first. */
+export const MAX_BYPASS = 4;
 
 /** What the loop knows of the work on the GPU when it asks for an admission. */
 export interface GpuQueue {
@@ -95,6 +129,13 @@ export class Scheduler {
     return this.#waiting.length;
   }
 
+  /** Whether the head of the queue waits for its blocks to be read from below the GPU. */
+  get restoring(): boolean {
+    const head = this.#waiting[0];
+    return head !== undefined && !head.finished && head.restore !== undefined &&
+      !head.restore.ready;
+  }
+
   /** Sequences in slots. */
   get running(): number {
     return this.slots.filter(Boolean).length;
@@ -126,16 +167,26 @@ export class Scheduler {
    * - When blocks are short and nothing runs, the blocks are held by sessions whose next turns
    *   wait behind this one: they drop their KV (newest first) and prefill in full, or the two
    *   would wait for each other forever.
+   * - A sequence whose blocks are still being read from below the GPU (`Sequence.restore`)
+   *   waits for them, and the queue with it (a read takes milliseconds).
+   * - When the head would evict idle sessions' KV to fit, a sequence among the next
+   *   {@linkcode AFFINITY_WINDOW} that fits without evicting and shares KV with the GPU's (it
+   *   holds cached blocks already, or its prompt's SimHash is near a running or resident one's)
+   *   goes first, so that what it shares is used before it is evicted. The head is passed over
+   *   at most {@linkcode MAX_BYPASS} times.
    */
   nextAdmission(gpu: GpuQueue, kv: KvBudget): Admission | undefined {
-    const seq = this.#waiting[0];
-    if (!seq) return undefined;
-    if (seq.finished) {
+    const head = this.#waiting[0];
+    if (!head) return undefined;
+    if (head.finished) {
       this.#waiting.shift();
-      return { kind: "release", seq };
+      return { kind: "release", seq: head };
     }
     const slot = this.slots.findIndex((s) => s === undefined);
     if (slot < 0) return undefined;
+    if (head.restore && !head.restore.ready) return undefined;
+    const at = this.#affine(kv);
+    const seq = this.#waiting[at];
     const todo = seq.blocks.tokens.length - seq.blocks.computed, queued = gpu.prefillQueued;
     const streaming = this.slots.some((s) => s && s.stepsSubmitted > STREAMING_STEPS);
     if (streaming && queued > 0 && queued + todo > this.opts.maxChunk) return undefined;
@@ -146,22 +197,52 @@ export class Scheduler {
       // Running sequences will give blocks back (to the pool, or to their sessions, which then
       // become idle and evictable).
       if (this.slots.some((s) => s) || gpu.inflight > 0) return undefined;
-      for (const other of this.#waiting.slice(1).reverse()) {
+      for (const other of this.#waiting.filter((o) => o !== seq).reverse()) {
         if (need() <= kv.freeBlocks) break;
         other.dropKv();
       }
       if (need() > kv.freeBlocks) {
-        this.#waiting.shift();
+        this.#waiting.splice(at, 1);
         const error = new Error(`internal error: the KV pool cannot hold ${total} tokens`);
         return { kind: "fail", seq, error };
       }
     }
-    this.#waiting.shift();
+    this.#waiting.splice(at, 1);
+    kv.restore(seq);
     seq.blocks.reserve(total);
     seq.slot = slot;
     this.slots[slot] = seq;
     this.#nextK = 1; // a new stream: short submissions first, for its first tokens
     return { kind: "admit", seq };
+  }
+
+  /**
+   * Which waiting sequence admission considers: the head, unless it would evict idle sessions'
+   * KV and one of the next {@linkcode AFFINITY_WINDOW} fits without that and shares KV with
+   * the GPU's (see {@linkcode nextAdmission}).
+   */
+  #affine(kv: KvBudget): number {
+    const head = this.#waiting[0];
+    const need = (s: Sequence) =>
+      Math.ceil((s.blocks.tokens.length + s.sampling.maxTokens) / BLOCK) - s.blocks.table.length;
+    if (head.bypassed >= MAX_BYPASS || need(head) <= kv.freeBlocks) return 0;
+    const idle = kv.residentIdle();
+    if (idle.length === 0) return 0; // nothing to evict: the head waits, or breaks a deadlock
+    const hot = [
+      ...this.slots.flatMap((s) => (s ? [s.simhash] : [])),
+      ...idle.filter((h) => h !== undefined),
+    ];
+    const near = (h: bigint) => hot.some((x) => hamming(x, h) <= SIMILAR_BITS);
+    const end = Math.min(this.#waiting.length, 1 + AFFINITY_WINDOW);
+    for (let i = 1; i < end; i++) {
+      const c = this.#waiting[i];
+      if (c.finished || (c.restore && !c.restore.ready) || need(c) > kv.freeBlocks) continue;
+      if (c.blocks.computed > 0 || near(c.simhash)) {
+        head.bypassed++;
+        return i;
+      }
+    }
+    return 0;
   }
 
   /** By slot, the sequences the GPU still produces tokens for. */

@@ -11,6 +11,8 @@ import type {
   TokenEvent,
 } from "../../api/types.ts";
 import type { SequenceBlocks } from "../kv/blocks.ts";
+import type { RestorePlan } from "../kv/restore.ts";
+import { promptSimhash } from "../kv/simhash.ts";
 import type { TextTokenizer } from "../model/tokenizer.ts";
 import { Channel } from "./channel.ts";
 import { StopMatcher } from "../model/stop.ts";
@@ -38,6 +40,8 @@ export interface SequenceInit {
   speculate?: boolean;
   /** The tables of the request's constraint (engine/constraints.ts). */
   grammar?: GrammarImage;
+  /** Its prompt's blocks on their way back from below the GPU (engine/kv/restore.ts). */
+  restore?: RestorePlan;
 }
 
 /** Draws a random u64 seed. */
@@ -58,6 +62,12 @@ export class Sequence {
   readonly promptIds: number[];
   /** The tables its output must match, when the request is constrained. */
   readonly grammar?: GrammarImage;
+  /** Its prompt's blocks on their way back from below the GPU, until admission takes them. */
+  restore?: RestorePlan;
+  /** Its prompt's SimHash (engine/kv/simhash.ts): similar prompts are admitted together. */
+  readonly simhash: bigint;
+  /** Times admission took a sequence behind it first (engine/sched/scheduler.ts). */
+  bypassed = 0;
   /** Batch slot while admitted, else -1. */
   slot = -1;
   prefillSubmitted = false;
@@ -89,7 +99,9 @@ export class Sequence {
     this.blocks = init.blocks;
     this.spec = newSpecStats(init.speculate ?? false);
     this.promptIds = init.request.promptIds;
+    this.simhash = promptSimhash(this.promptIds);
     if (init.grammar) this.grammar = init.grammar;
+    if (init.restore) this.restore = init.restore;
     this.seed = this.sampling.seed ?? randomSeed();
     this.#tokenizer = init.tokenizer;
     this.#detok = init.tokenizer.createDetokenizer();
@@ -192,6 +204,11 @@ export class Sequence {
     this.#cached = 0;
   }
 
+  /** `n` more prompt tokens had their KV brought back instead of prefilled. */
+  addCached(n: number): void {
+    this.#cached += n;
+  }
+
   /** Ends the stream with an error (GPU failure). */
   fail(error: unknown): void {
     if (this.finished) {
@@ -201,6 +218,7 @@ export class Sequence {
       return;
     }
     this.finished = true;
+    this.restore?.release();
     this.#out.close(error);
     this.#reject(error);
   }
@@ -229,6 +247,7 @@ export class Sequence {
 
   #end(reason: FinishReason): void {
     this.finished = true;
+    this.restore?.release();
     this.#out.close();
     const result: GenerationResult = {
       finishReason: reason,

@@ -7,6 +7,8 @@ import type { SessionInfo } from "../../api/types.ts";
 import type { KvDtype } from "../../gpu/dtype.ts";
 import { BLOCK, SequenceBlocks } from "../kv/blocks.ts";
 import type { KvPool } from "../kv/pool.ts";
+import type { RestorePlan } from "../kv/restore.ts";
+import type { FallbackSource, KvTiers } from "../kv/tiers.ts";
 import type { ChunkRef, SessionStore } from "./store.ts";
 import { type SessionEntry, SessionTable, type TurnRecord } from "./table.ts";
 
@@ -70,12 +72,21 @@ export class Sessions {
   #copying: Promise<unknown> = Promise.resolve();
   readonly #stats: SnapshotStats = { blocksCopied: 0, blocksReused: 0 };
 
+  /** What the store holds of each session (its last committed snapshot), for restores. */
+  readonly #onStore = new Map<string, Committed>();
+
+  /**
+   * @param tiers the tiers below the GPU: evicted sessions go down to them, and prompts come
+   *   back from them (and from the store, where the tiers' profile says it is faster)
+   */
   constructor(
     readonly kv: KvPool,
     readonly modelId: string,
     readonly store?: SessionStore,
+    readonly tiers?: KvTiers,
   ) {
-    this.table = new SessionTable(kv.blocks);
+    this.table = new SessionTable(kv.blocks, tiers);
+    if (tiers) tiers.onLoss = (ids) => this.table.lost(ids);
   }
 
   get(id: string): SessionEntry | undefined {
@@ -106,7 +117,30 @@ export class Sessions {
     await this.store?.delete(id);
     this.#setStored(id, undefined);
     this.#committed.delete(id);
+    this.#onStore.delete(id);
     return true;
+  }
+
+  /**
+   * Plans bringing back the blocks of a queued prompt (`blocks`, its uncomputed tokens) that lie
+   * below the GPU: in the tiers, by hash, and for session `id`, in its snapshot in the store
+   * when restoring from there beats recomputing (the profile decides; policy "always": always).
+   */
+  planRestore(blocks: SequenceBlocks, id?: string): RestorePlan | undefined {
+    return this.tiers?.plan(blocks, { owner: id, fallback: this.#storeSource(id) });
+  }
+
+  /** The store's copy of session `id`'s blocks, when a restore may read it. */
+  #storeSource(id: string | undefined): FallbackSource | undefined {
+    const store = this.store, tiers = this.tiers;
+    const c = id === undefined ? undefined : this.#onStore.get(id);
+    if (!store || !tiers || !c || c.kv !== this.kv.dtype || !tiers.uses("kv")) return undefined;
+    return (index, _hash, tokens) => {
+      const ref = c.blocks[index], at = index * BLOCK;
+      if (!ref || at + BLOCK > c.computed) return undefined;
+      if (tokens.some((t, i) => c.tokens[at + i] !== t)) return undefined;
+      return () => store.readBlock(ref);
+    };
   }
 
   /**
@@ -161,11 +195,13 @@ export class Sessions {
    */
   startReads(): void {
     for (const start of this.#pendingReads.splice(0)) start();
+    this.tiers?.startReads(); // spills follow the same rule
   }
 
-  /** Resolves when every snapshot started so far is written. */
+  /** Resolves when every snapshot started so far is written, and every spill has landed. */
   async flush(): Promise<void> {
     await Promise.all(this.#snapshots.values());
+    await this.tiers?.flush();
   }
 
   /**
@@ -225,7 +261,10 @@ export class Sessions {
         const at = info.persistedAt = Date.now();
         this.table.onChange?.(info.id);
         this.#committed.set(info.id, { tokens, computed, kv, blocks: entries });
-        if (this.table.get(info.id)) this.#setStored(info.id, entries);
+        if (this.table.get(info.id)) {
+          this.#setStored(info.id, entries);
+          this.#onStore.set(info.id, { tokens, computed, kv, blocks: entries });
+        }
         return at;
       });
     // Later snapshots of the session wait for this one, failed or not.
@@ -264,6 +303,13 @@ export class Sessions {
       // The next snapshot may reuse these chunks; restore verifies them before it relies on any.
       const kvOf = m.kv ?? "f32";
       this.#committed.set(m.id, { tokens: m.tokens, computed: m.computed, kv: kvOf, blocks: [] });
+      // A run-time restore may read its chunks (each verified as it is read).
+      this.#onStore.set(m.id, {
+        tokens: m.tokens,
+        computed: m.computed,
+        kv: kvOf,
+        blocks: m.blocks,
+      });
       if (pool.freeCount - m.blocks.length < pool.blocks.length / 2) continue;
       const { blocks: saved } = await store.restore(m);
       const data = saved.map((raw) => convertBlock(raw, m.kv ?? "f32", kv));

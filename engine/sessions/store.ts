@@ -26,12 +26,12 @@ import { chunkHash, Packer } from "./packer.ts";
 import { ColdFolder } from "./cold_folder.ts";
 
 /** Deno KV refuses values over 64 KiB; stay below with room for the key and framing. */
-const PART = 60_000;
+export const PART = 60_000;
 /**
  * Parts per atomic commit: Deno KV takes at most 800 KiB of mutations per commit. One commit per
  * part cost ≈ 0.6 ms each on the CPU machine, 12 per TinyLlama block.
  */
-const PARTS_PER_COMMIT = 12;
+export const PARTS_PER_COMMIT = 12;
 
 /** Packed bytes of chunks kept in Deno KV before older sessions' chunks go to files: 512 MiB. */
 export const WARM_BYTES = 512 * 2 ** 20;
@@ -109,7 +109,8 @@ export interface RestoredSession {
 
 /** Snapshots of sessions in one Deno KV database (a local SQLite file or a remote KV). */
 export class SessionStore {
-  readonly #packer = new Packer();
+  /** Packs chunks in workers (engine/sessions/packer.ts); the profile's probe uses it too. */
+  readonly packer = new Packer();
   /** The cold tier's folder (none for a remote Deno KV without --kv-cold). */
   readonly #cold?: ColdFolder;
   /** Every chunk's tier and packed size, by {@linkcode chunkKey} (as of this instance's view). */
@@ -141,7 +142,7 @@ export class SessionStore {
     const coldDir = opts.coldDir ?? (remote ? undefined : `${path}.cold`);
     const store = new SessionStore(await Deno.openKv(path), { ...opts, coldDir });
     try {
-      await Promise.all([store.#load(), store.#packer.warm()]);
+      await Promise.all([store.#load(), store.packer.warm()]);
     } catch (e) {
       store.close();
       throw e;
@@ -190,7 +191,7 @@ export class SessionStore {
     // handed to a worker reads as empty here.
     const sizes = blocks.map((raw) => raw instanceof Uint8Array ? raw.byteLength : 0);
     const packed = blocks.map((raw) =>
-      raw instanceof Uint8Array ? this.#packer.pack(raw, width, opts.give) : undefined
+      raw instanceof Uint8Array ? this.packer.pack(raw, width, opts.give) : undefined
     );
     packed.forEach((p) => p?.catch(() => {})); // awaited below, in order
     const entries: ChunkRef[] = [];
@@ -267,6 +268,14 @@ export class SessionStore {
       blocks.push(raw);
     }
     return { manifest, blocks };
+  }
+
+  /**
+   * One block of a snapshot: its K‖V bytes, verified against the chunk's hash; undefined when the
+   * chunk is missing or corrupt.
+   */
+  readBlock(entry: ChunkRef): Promise<Uint8Array<ArrayBuffer> | undefined> {
+    return this.#chunk(entry);
   }
 
   async #chunk(entry: ChunkRef): Promise<Uint8Array<ArrayBuffer> | undefined> {
@@ -464,7 +473,7 @@ export class SessionStore {
   /** Closes the store; a maintenance pass in progress stops where it is. */
   close(): void {
     this.#closed = true;
-    this.#packer.close();
+    this.packer.close();
     this.kv.close();
   }
 }

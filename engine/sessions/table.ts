@@ -1,13 +1,16 @@
 /**
  * The session table: each session holds its token ids and the KV blocks that cover them, and
- * whether a request is using it. Idle sessions give their blocks back under pressure (least
- * recently used first). Pure bookkeeping over the block pool: no GPU, no store (snapshots are
- * engine/sessions/snapshots.ts).
+ * whether a request is using it. Idle sessions give their GPU blocks back under pressure, in the
+ * block manager's order (engine/kv/manager.ts: the one predicted to come back last first), and
+ * their KV goes down a tier (engine/kv/tiers.ts) when there is one. Bookkeeping over the block
+ * pool: no store (snapshots are engine/sessions/sessions.ts).
  */
 import type { SamplingOptions } from "../../api/types.ts";
 import type { SessionInfo } from "../../api/types.ts";
 import { SessionBusyError } from "../../api/errors.ts";
-import type { BlockPool, SequenceBlocks } from "../kv/blocks.ts";
+import { BLOCK, type BlockPool, type SequenceBlocks } from "../kv/blocks.ts";
+import { evictionOrder, recordGap, type ReuseStats } from "../kv/manager.ts";
+import type { KvTiers } from "../kv/tiers.ts";
 
 /** One session: what the API reports, its blocks, and whether a request is using it. */
 export interface SessionEntry {
@@ -16,6 +19,10 @@ export interface SessionEntry {
   busy: boolean;
   /** Its most recent turns as generated, oldest first (replays re-run them). */
   turns?: TurnRecord[];
+  /** The gaps between its turns: when it is predicted to come back (engine/kv/manager.ts). */
+  reuse?: ReuseStats;
+  /** The SimHash of its last prompt (engine/kv/simhash.ts), for the scheduler. */
+  simhash?: bigint;
 }
 
 /**
@@ -44,7 +51,11 @@ export class SessionTable {
    */
   onChange?: (id: string) => void;
 
-  constructor(readonly pool: BlockPool) {}
+  /**
+   * @param tiers where evicted sessions' KV goes (none: it is dropped, and their next turns
+   *   prefill again)
+   */
+  constructor(readonly pool: BlockPool, readonly tiers?: KvTiers) {}
 
   get(id: string): SessionEntry | undefined {
     return this.#map.get(id);
@@ -80,6 +91,7 @@ export class SessionTable {
     if (!s) return false;
     if (s.busy) throw new SessionBusyError(id);
     s.blocks.free();
+    this.tiers?.forget(id);
     this.#map.delete(id);
     this.onChange?.(id);
     return true;
@@ -90,6 +102,7 @@ export class SessionTable {
     const s = id === undefined ? undefined : this.#map.get(id);
     if (!s) return;
     s.blocks.free();
+    this.tiers?.forget(id!);
     s.busy = false;
     s.info.tokens = 0;
     this.onChange?.(id!);
@@ -127,18 +140,65 @@ export class SessionTable {
   }
 
   /**
-   * Frees the KV of idle sessions, least recently used first, until `need` blocks are free. An
-   * evicted session stays known; its next turn prefills again (or finds its blocks by hash).
+   * A turn of idle session `s` starts (`s` becomes busy): the gap since its last one counts
+   * towards its predicted reuse. Its KV below the GPU, if any, is found by hash from here.
+   */
+  startTurn(s: SessionEntry, simhash?: bigint): void {
+    s.reuse = recordGap(s.reuse, Date.now() - s.info.updatedAt);
+    if (simhash !== undefined) s.simhash = simhash;
+    s.busy = true;
+  }
+
+  /**
+   * The idle sessions whose KV is on the GPU (what eviction would take): the SimHash of each
+   * one's last prompt, undefined where unknown (restored from the store).
+   */
+  residentIdle(): (bigint | undefined)[] {
+    const out: (bigint | undefined)[] = [];
+    for (const s of this.#map.values()) {
+      if (!s.busy && s.blocks.table.length > 0) out.push(s.simhash);
+    }
+    return out;
+  }
+
+  /**
+   * Frees the GPU blocks of idle sessions until `need` blocks are free, in the block manager's
+   * order (least recently used first without tiers). Each evicted session's KV goes down a tier
+   * when there is one (its info then counts the tokens kept there), else it is dropped; it
+   * stays known either way, and its next turn finds what is left by hash (or prefills again).
    */
   evict(need: number): void {
-    const idle = [...this.#map.values()]
-      .filter((s) => !s.busy && s.blocks.table.length > 0)
-      .sort((a, b) => a.info.updatedAt - b.info.updatedAt);
-    for (const s of idle) {
+    const now = Date.now(), tiers = this.tiers;
+    const idle = [...this.#map.values()].filter((s) => !s.busy && s.blocks.table.length > 0);
+    const order = evictionOrder(
+      idle.map((s) => ({
+        id: s.info.id,
+        lastUse: s.info.updatedAt,
+        reuse: s.reuse,
+        toCopy: tiers?.toCopy(s.blocks) ?? 0,
+      })),
+      now,
+    );
+    for (const { id } of order) {
       if (this.pool.freeCount >= need) return;
+      const s = this.#map.get(id)!;
+      const kept = tiers?.spill(id, s.blocks, { lastUse: s.info.updatedAt, reuse: s.reuse }) ?? 0;
       s.blocks.free();
-      s.info.tokens = 0;
-      this.onChange?.(s.info.id);
+      s.info.tokens = kept;
+      this.onChange?.(id);
+    }
+  }
+
+  /**
+   * Sessions whose KV below the GPU lost blocks: each counts only what is left there (a
+   * resident or busy session is not concerned).
+   */
+  lost(ids: readonly string[]): void {
+    for (const id of ids) {
+      const s = this.#map.get(id);
+      if (!s || s.busy || s.blocks.table.length > 0 || !this.tiers) continue;
+      s.info.tokens = Math.min(s.info.tokens, this.tiers.manager.heldTokens(id, BLOCK));
+      this.onChange?.(id);
     }
   }
 }

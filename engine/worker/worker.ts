@@ -81,7 +81,7 @@ async function init(model: ModelSpec, options: WorkerEngineOptions): Promise<Eng
     quantize: model.quantize,
     fallback: model.fallback,
   });
-  return Engine.create(gpu, m, { ...rest, gpu, store });
+  return await Engine.open(gpu, m, { ...rest, gpu, store });
 }
 
 function generate(e: Engine, m: Extract<ToWorker, { t: "generate" }>): void {

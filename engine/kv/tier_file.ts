@@ -1,0 +1,168 @@
+/**
+ * The file tier's bytes: one raw binary file per KV block record in a spill folder, named by the
+ * block's chained hash (which includes its tenant's scope, engine/kv/blocks.ts `scopeRoot`).
+ *
+ * A file is a 128-byte header, then the record as the GPU pool copied it out (no compression, no
+ * per-element work: written from and read into the caller's buffer as it is):
+ *
+ * | bytes  | field                                                   |
+ * | ------ | ------------------------------------------------------- |
+ * | 0–3    | magic `STKV`                                            |
+ * | 4–7    | format version (1), u32 little-endian                   |
+ * | 8–11   | record bytes, u32                                       |
+ * | 12–15  | token count n (≤ 24), u32                               |
+ * | 16–23  | the block's chained hash, u64                           |
+ * | 24–31  | xxh64 of the record, u64                                |
+ * | 32–    | the block's n token ids, u32 each; zeros up to byte 128 |
+ *
+ * A read checks all of it (a short, corrupt or foreign file reads as missing: the caller
+ * recomputes). Files appear whole: written under a temporary name, then renamed. They are not
+ * synced: the folder is this process's cache (the session table that refers to them dies with
+ * it, and {@linkcode FileTier.open} clears what an earlier run left); the durable copy of a
+ * session is the snapshot store's (engine/sessions/store.ts).
+ */
+import xxhash from "xxhash-wasm";
+
+const hasher = await xxhash();
+
+/** Header bytes before the record. */
+export const FILE_HEADER = 128;
+const MAGIC = 0x564b5453; // "STKV" little-endian
+const VERSION = 1;
+const MAX_TOKENS = (FILE_HEADER - 32) / 4;
+const NAME = /^[0-9a-f]{16}\.kvt(\..+\.tmp)?$/;
+
+/** The files of one spill folder, counted against a byte budget. */
+export class FileTier {
+  #used = 0;
+  readonly #sizes = new Map<bigint, number>();
+
+  private constructor(readonly dir: string, readonly budget: number) {}
+
+  /**
+   * Opens the spill folder `dir` (created when missing) and removes the block files an earlier
+   * run left there; other files are left alone.
+   *
+   * @param budget bytes of files it should hold at most
+   */
+  static async open(dir: string, budget: number): Promise<FileTier> {
+    if (!(Number.isInteger(budget) && budget >= 0)) {
+      throw new Error(`internal error: a file tier budget must be an integer >= 0; got ${budget}`);
+    }
+    await Deno.mkdir(dir, { recursive: true });
+    for await (const e of Deno.readDir(dir)) {
+      if (e.isFile && NAME.test(e.name)) await Deno.remove(`${dir}/${e.name}`).catch(() => {});
+    }
+    return new FileTier(dir, budget);
+  }
+
+  /** Bytes of the files written and not removed (headers included). */
+  get used(): number {
+    return this.#used;
+  }
+
+  /** Whether a record of `bytes` more fits within the budget. */
+  fits(bytes: number): boolean {
+    return this.#used + FILE_HEADER + bytes <= this.budget;
+  }
+
+  /** The file of the block with chained hash `hash`. */
+  path(hash: bigint): string {
+    return `${this.dir}/${hash.toString(16).padStart(16, "0")}.kvt`;
+  }
+
+  /** Whether a file for `hash` was written (and not removed) by this tier. */
+  has(hash: bigint): boolean {
+    return this.#sizes.has(hash);
+  }
+
+  /**
+   * Writes the record `data` of the block (`hash`, `tokens`) to its file.
+   *
+   * @throws the file system's error (nothing is counted then)
+   */
+  async write(hash: bigint, tokens: readonly number[], data: Uint8Array): Promise<void> {
+    if (tokens.length > MAX_TOKENS) {
+      throw new Error(`internal error: a spilled block holds at most ${MAX_TOKENS} tokens`);
+    }
+    const head = new Uint8Array(FILE_HEADER);
+    const v = new DataView(head.buffer);
+    v.setUint32(0, MAGIC, true);
+    v.setUint32(4, VERSION, true);
+    v.setUint32(8, data.byteLength, true);
+    v.setUint32(12, tokens.length, true);
+    v.setBigUint64(16, hash, true);
+    v.setBigUint64(24, hasher.h64Raw(data), true);
+    tokens.forEach((t, i) => v.setUint32(32 + 4 * i, t, true));
+    const path = this.path(hash), tmp = `${path}.${crypto.randomUUID()}.tmp`;
+    const f = await Deno.open(tmp, { write: true, createNew: true });
+    try {
+      await writeAll(f, head);
+      await writeAll(f, data);
+    } catch (e) {
+      f.close();
+      await Deno.remove(tmp).catch(() => {});
+      throw e;
+    }
+    f.close();
+    await Deno.rename(tmp, path);
+    const size = FILE_HEADER + data.byteLength;
+    this.#used += size - (this.#sizes.get(hash) ?? 0);
+    this.#sizes.set(hash, size);
+  }
+
+  /**
+   * Reads the record of block (`hash`, `tokens`) into `into` (exactly its size).
+   *
+   * @returns false when the file is missing, short, or not that block's (header, tokens or
+   *   checksum differ); `into` may then hold anything
+   */
+  async read(hash: bigint, tokens: readonly number[], into: Uint8Array): Promise<boolean> {
+    let f: Deno.FsFile;
+    try {
+      f = await Deno.open(this.path(hash), { read: true });
+    } catch {
+      return false;
+    }
+    try {
+      const head = new Uint8Array(FILE_HEADER);
+      if (!(await readFull(f, head))) return false;
+      const v = new DataView(head.buffer);
+      const ok = v.getUint32(0, true) === MAGIC && v.getUint32(4, true) === VERSION &&
+        v.getUint32(8, true) === into.byteLength && v.getUint32(12, true) === tokens.length &&
+        v.getBigUint64(16, true) === hash &&
+        tokens.every((t, i) => v.getUint32(32 + 4 * i, true) === t);
+      if (!ok || !(await readFull(f, into))) return false;
+      // Anything after the record means it is not the file this tier wrote.
+      if ((await f.read(new Uint8Array(1))) !== null) return false;
+      return hasher.h64Raw(into) === v.getBigUint64(24, true);
+    } catch {
+      return false;
+    } finally {
+      f.close();
+    }
+  }
+
+  /** Removes the file of `hash` (if any) and stops counting it. */
+  async remove(hash: bigint): Promise<void> {
+    const size = this.#sizes.get(hash);
+    if (size === undefined) return;
+    this.#sizes.delete(hash);
+    this.#used -= size;
+    await Deno.remove(this.path(hash)).catch(() => {});
+  }
+}
+
+async function writeAll(f: Deno.FsFile, data: Uint8Array): Promise<void> {
+  for (let o = 0; o < data.byteLength;) o += await f.write(data.subarray(o));
+}
+
+/** Fills `into` from `f`; false when the file ends first. */
+async function readFull(f: Deno.FsFile, into: Uint8Array): Promise<boolean> {
+  for (let o = 0; o < into.byteLength;) {
+    const n = await f.read(into.subarray(o));
+    if (n === null) return false;
+    o += n;
+  }
+  return true;
+}

@@ -1,0 +1,252 @@
+/**
+ * The tiers' bytes: host memory's buffers and budget (engine/kv/tier_host.ts), spill files
+ * (engine/kv/tier_file.ts: real files, every way one can be wrong), and whole round trips through
+ * a real GPU pool (engine/kv/tiers.ts): blocks spilled from the GPU to host memory and on to
+ * files, their GPU blocks overwritten, then brought back by hash — bit for bit.
+ */
+import assert from "node:assert/strict";
+import { BLOCK, blockHash, scopeRoot, SequenceBlocks } from "../engine/kv/blocks.ts";
+import { KvPool } from "../engine/kv/pool.ts";
+import { FILE_HEADER, FileTier } from "../engine/kv/tier_file.ts";
+import { HostTier } from "../engine/kv/tier_host.ts";
+import { KvTiers } from "../engine/kv/tiers.ts";
+import type { ModelConfig } from "../engine/model/config.ts";
+import type { StorageTierProfile } from "../api/types.ts";
+import { rng, testGpu } from "./util.ts";
+
+const dir = await Deno.makeTempDir({ prefix: "strata_tier_io_" });
+globalThis.addEventListener("unload", () => Deno.removeSync(dir, { recursive: true }));
+
+function randomBytes(n: number, seed: number): Uint8Array<ArrayBuffer> {
+  const r = rng(seed), out = new Uint8Array(n);
+  for (let i = 0; i < n; i++) out[i] = Math.floor(r.next() * 256);
+  return out;
+}
+
+Deno.test("host tier: a budget, and buffers of a size handed out again", () => {
+  const host = new HostTier(1000);
+  const a = host.take(400), b = host.take(400);
+  assert.equal(host.used, 800);
+  assert.ok(host.fits(200) && !host.fits(201));
+  const c = host.take(400);
+  assert.equal(host.over, 200, "given past the budget; the caller moves blocks down");
+  host.give(c);
+  assert.equal(host.used, 800);
+  host.give(a);
+  assert.equal(host.take(400), a, "a kept buffer of that size comes back (warm pages)");
+  host.give(b);
+  assert.notEqual(host.take(300), b, "not one of another size");
+  assert.throws(() => new HostTier(-1), /budget/);
+});
+
+Deno.test("file tier: records round-trip bit for bit; a wrong file reads as missing", async () => {
+  const folder = `${dir}/files`;
+  await Deno.mkdir(folder);
+  await Deno.writeFile(`${folder}/00000000000000aa.kvt`, new Uint8Array(3)); // an earlier run's
+  await Deno.writeFile(`${folder}/00000000000000ab.kvt.x.tmp`, new Uint8Array(3));
+  await Deno.writeFile(`${folder}/notes.txt`, new Uint8Array(3));
+  const file = await FileTier.open(folder, 1 << 20);
+  const names = async () => (await Array.fromAsync(Deno.readDir(folder))).map((e) => e.name);
+  assert.deepEqual(await names(), ["notes.txt"], "block files of an earlier run are removed");
+
+  const tokens = Array.from({ length: BLOCK }, (_, i) => 1000 + i);
+  for (const [i, size] of [8, 8192, 98_304].entries()) {
+    const hash = blockHash(BigInt(i), tokens), data = randomBytes(size, i + 1);
+    await file.write(hash, tokens, data);
+    const into = new Uint8Array(size);
+    assert.ok(await file.read(hash, tokens, into));
+    assert.deepEqual(into, data, `${size} bytes`);
+    assert.ok(!(await file.read(hash, tokens, new Uint8Array(size + 4))), "another size");
+    assert.ok(!(await file.read(hash, tokens.toReversed(), into)), "other tokens");
+  }
+  assert.equal(file.used, 3 * FILE_HEADER + 8 + 8192 + 98_304);
+  assert.ok(file.fits(1 << 19) && !file.fits(1 << 20));
+
+  const hash = blockHash(7n, tokens), data = randomBytes(4096, 7), into = new Uint8Array(4096);
+  const path = file.path(hash);
+  const damaged = async (edit: (b: Uint8Array) => Uint8Array) => {
+    await file.write(hash, tokens, data);
+    await Deno.writeFile(path, edit(await Deno.readFile(path)));
+    return !(await file.read(hash, tokens, into));
+  };
+  assert.ok(await damaged((b) => (b[FILE_HEADER + 100] ^= 1, b)), "a flipped bit in the record");
+  assert.ok(await damaged((b) => (b[0] = 0, b)), "another magic");
+  assert.ok(await damaged((b) => (b[16] ^= 1, b)), "another hash in the header");
+  assert.ok(await damaged((b) => (b[40] ^= 1, b)), "another token in the header");
+  assert.ok(await damaged((b) => b.subarray(0, b.length - 1)), "cut short");
+  assert.ok(await damaged((b) => new Uint8Array([...b, 0])), "a byte too many");
+  assert.ok(await damaged((b) => b.subarray(0, 10)), "a header cut short");
+  await Deno.remove(path);
+  assert.ok(!(await file.read(hash, tokens, into)), "missing");
+  const before = file.used;
+  await file.remove(blockHash(0n, tokens));
+  assert.equal(file.used, before - FILE_HEADER - 8);
+  assert.ok(!(await file.read(blockHash(0n, tokens), tokens, new Uint8Array(8))));
+});
+
+/** A pool of a small model shape: 3 layers, 2 KV heads of 24 (awkward sizes). */
+async function smallPool(numBlocks: number): Promise<KvPool> {
+  const cfg = { nLayers: 3, nKvHeads: 2, headDim: 24 } as ModelConfig;
+  return new KvPool(await testGpu(), cfg, { numBlocks, dtype: "f32" });
+}
+
+/** The K‖V records of `ids`, read back from the GPU. */
+async function records(pool: KvPool, ids: number[]): Promise<Uint8Array[]> {
+  const staging = pool.copyOut(ids), rec = 2 * pool.blockBytes;
+  await staging.mapAsync(GPUMapMode.READ);
+  const out = ids.map((_, i) => new Uint8Array(staging.getMappedRange(i * rec, rec).slice(0)));
+  staging.destroy();
+  return out;
+}
+
+/** A sequence of `n` tokens whose blocks hold random records; the records, by block. */
+function filled(pool: KvPool, n: number, seed: number, tenant?: string) {
+  const seq = new SequenceBlocks(pool.blocks, scopeRoot(tenant));
+  const tokens = Array.from({ length: n }, (_, i) => 1 + ((i * 13 + seed) % 500));
+  seq.appendPrompt(tokens);
+  seq.reserve(n);
+  const data = seq.table.map((id, i) => {
+    const raw = randomBytes(2 * pool.blockBytes, seed * 100 + i);
+    pool.write(id, raw);
+    return raw;
+  });
+  seq.markComputed(n);
+  return { seq, tokens, data };
+}
+
+/** Overwrites every free block of the GPU pool (what later requests do to evicted blocks). */
+function overwriteFree(pool: KvPool): void {
+  const ids = [];
+  while (pool.blocks.freeCount > 0) ids.push(pool.blocks.allocate());
+  for (const id of ids) pool.write(id, new Uint8Array(2 * pool.blockBytes));
+  for (const id of ids) pool.blocks.release(id);
+}
+
+for (const via of ["host memory", "files"] as const) {
+  Deno.test(`tiers: GPU → ${via} → GPU is bit-exact, found by hash`, async () => {
+    const pool = await smallPool(12);
+    const spill = via === "files" ? await Deno.makeTempDir({ dir }) : undefined;
+    const tiers = new KvTiers(pool, {
+      host: new HostTier(via === "files" ? 0 : 1 << 20),
+      file: spill ? await FileTier.open(spill, 1 << 20) : undefined,
+    });
+    // 3 whole blocks and 5 tokens: the whole ones go down, the partial one does not.
+    const { seq, tokens, data } = filled(pool, 3 * BLOCK + 5, 1, "t");
+    assert.equal(tiers.toCopy(seq), 3);
+    assert.equal(tiers.spill("s", seq, { lastUse: Date.now() }), 3 * BLOCK);
+    const hashes = [...seq.hashes];
+    seq.free();
+    overwriteFree(pool);
+    tiers.startReads();
+    await tiers.flush();
+    const st = tiers.stats();
+    assert.equal(st.spilled.blocks, 3);
+    assert.equal(st[via === "files" ? "file" : "host"]!.blocks, 3);
+    assert.equal(st.host.bytes, via === "files" ? 0 : 3 * data[0].byteLength);
+    if (spill) assert.equal((await Array.fromAsync(Deno.readDir(spill))).length, 3);
+
+    // Another tenant's prompt with the same tokens finds nothing.
+    const other = new SequenceBlocks(pool.blocks, scopeRoot("u"));
+    other.appendPrompt([...tokens, 9]);
+    assert.equal(tiers.plan(other), undefined);
+
+    const back = new SequenceBlocks(pool.blocks, scopeRoot("t"));
+    back.appendPrompt([...tokens, 9]);
+    const plan = tiers.plan(back, { owner: "s" })!;
+    assert.equal(plan.blocks, 3);
+    await plan.done;
+    assert.equal(tiers.take(plan, back), 3 * BLOCK);
+    assert.equal(back.computed, 3 * BLOCK);
+    assert.deepEqual(back.hashes, hashes);
+    assert.deepEqual(await records(pool, back.table), data.slice(0, 3), "bit for bit");
+    assert.equal(tiers.stats().restored[via === "files" ? "file" : "host"], 3);
+    // Each restored block is sealed with its chained hash: the GPU's cache finds it again.
+    const again = new SequenceBlocks(pool.blocks, scopeRoot("t"));
+    assert.equal(again.appendPrompt([...tokens, 9]), 3 * BLOCK);
+  });
+}
+
+Deno.test("tiers: host memory over its budget moves blocks to files, the least valuable first", async () => {
+  const pool = await smallPool(16);
+  const rec = 2 * pool.blockBytes;
+  const spill = await Deno.makeTempDir({ dir });
+  const tiers = new KvTiers(pool, {
+    host: new HostTier(2 * rec),
+    file: await FileTier.open(spill, 1 << 20),
+  });
+  const a = filled(pool, 2 * BLOCK, 2), b = filled(pool, 2 * BLOCK, 3);
+  tiers.spill("a", a.seq, { lastUse: Date.now() - 60_000 }); // idle a minute: comes back last
+  tiers.spill("b", b.seq, { lastUse: Date.now(), reuse: { turns: 3, gapMs: 1000 } });
+  a.seq.free();
+  b.seq.free();
+  tiers.startReads();
+  await tiers.flush();
+  const st = tiers.stats();
+  assert.deepEqual([st.host.blocks, st.file!.blocks], [2, 2]);
+  for (const h of b.seq.hashes) assert.ok(tiers.manager.get(h)!.host, "b stays in memory");
+  for (const h of a.seq.hashes) assert.ok(tiers.manager.get(h)!.file, "a went to files");
+  assert.equal(st.written.blocks, 2);
+});
+
+Deno.test("tiers: without room in any tier, the least valuable blocks are dropped", async () => {
+  const pool = await smallPool(16);
+  const rec = 2 * pool.blockBytes;
+  const tiers = new KvTiers(pool, { host: new HostTier(3 * rec) });
+  const a = filled(pool, 2 * BLOCK, 4), b = filled(pool, 2 * BLOCK, 5);
+  assert.equal(tiers.spill("a", a.seq, { lastUse: Date.now() - 60_000 }), 2 * BLOCK);
+  tiers.startReads();
+  await tiers.flush();
+  // b's two blocks need one more block's room: a's last block goes (its chain's tail first).
+  assert.equal(tiers.spill("b", b.seq, { lastUse: Date.now() }), 2 * BLOCK);
+  tiers.startReads();
+  await tiers.flush();
+  assert.equal(tiers.stats().dropped, 1);
+  assert.equal(tiers.manager.heldTokens("a", BLOCK), BLOCK);
+  assert.equal(tiers.manager.heldTokens("b", BLOCK), 2 * BLOCK);
+  assert.equal(tiers.stats().host.bytes, 3 * rec);
+});
+
+/** A profile whose verdicts are `use` (the rates do not matter to the decisions' users). */
+function verdicts(use: { host: boolean; file?: boolean; kv?: boolean }): StorageTierProfile {
+  const rate = { gbPerS: 1, latencyMs: 0 };
+  const v = (u: boolean) => ({ use: u, restoreMsPerBlock: u ? 0.1 : 9, reason: "measured" });
+  return {
+    measuredAt: 0,
+    measureMs: 1,
+    blockBytes: 1,
+    recomputeTokensPerS: 1000,
+    recomputeMsPerBlock: 1,
+    gpuToHost: rate,
+    hostToGpu: rate,
+    host: v(use.host),
+    ...(use.file !== undefined ? { file: v(use.file) } : {}),
+    ...(use.kv !== undefined ? { kv: v(use.kv) } : {}),
+    prefetchBlocks: 4,
+  };
+}
+
+Deno.test('tiers: the profile decides which tiers are used; "always" uses every one', async () => {
+  const pool = await smallPool(8);
+  const host = new HostTier(1 << 20),
+    file = await FileTier.open(await Deno.makeTempDir({ dir }), 1 << 20);
+  const t = new KvTiers(pool, { host, file });
+  assert.deepEqual([t.uses("host"), t.uses("file"), t.uses("kv")], [true, true, false]);
+  t.profile = verdicts({ host: true, file: false, kv: true });
+  assert.deepEqual([t.uses("host"), t.uses("file"), t.uses("kv")], [true, false, true]);
+  assert.ok(t.spilling);
+  // Slower than recomputing everywhere: an evicted session drops its KV.
+  t.profile = verdicts({ host: false, file: false });
+  assert.ok(!t.spilling);
+  const { seq } = filled(pool, 2 * BLOCK, 9);
+  assert.equal(t.spill("s", seq, { lastUse: Date.now() }), 0);
+  assert.equal(t.manager.size, 0);
+  const always = new KvTiers(pool, { host, file, policy: "always" });
+  always.profile = t.profile;
+  assert.deepEqual([always.uses("host"), always.uses("file"), always.uses("kv")], [
+    true,
+    true,
+    true,
+  ]);
+  const noFile = new KvTiers(pool, { host, policy: "always" });
+  assert.ok(!noFile.uses("file"));
+});

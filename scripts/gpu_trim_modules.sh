@@ -10,6 +10,11 @@ for p in openai@*/node_modules/openai playwright-core@*/node_modules/playwright-
   find $p -mindepth 1 -maxdepth 1 ! -name package.json -exec rm -rf {} +
 done
 rm -rf hono@*/node_modules/hono/dist/cjs hono@*/node_modules/hono/dist/types
+# hono's adapters for other runtimes and its JSX, which strata never imports (hono/deno stays).
+for a in aws-lambda bun cloudflare-pages cloudflare-workers lambda-edge netlify service-worker vercel; do
+  rm -rf hono@*/node_modules/hono/dist/adapter/$a
+done
+rm -rf hono@*/node_modules/hono/dist/jsx hono@*/node_modules/hono/dist/middleware/jsx-renderer
 # Deno loads the ES module builds: CommonJS and UMD builds, TypeScript sources and docs never load.
 rm -rf fflate@*/node_modules/fflate/umd @huggingface+jinja@*/node_modules/@huggingface/jinja/src
 find . \( -name "*.d.ts" -o -name "*.map" -o -name "*.d.cts" -o -name "*.d.mts" -o -name "*.cjs" \

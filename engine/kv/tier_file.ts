@@ -79,9 +79,19 @@ export class FileTier {
   /**
    * Writes the record `data` of the block (`hash`, `tokens`) to its file.
    *
-   * @throws the file system's error (nothing is counted then)
+   * @returns settled once written; rejects with the file system's error (nothing is counted
+   *   then)
    */
-  async write(hash: bigint, tokens: readonly number[], data: Uint8Array): Promise<void> {
+  write(hash: bigint, tokens: readonly number[], data: Uint8Array): Promise<void> {
+    try {
+      this.#writeSync(hash, tokens, data);
+      return Promise.resolve();
+    } catch (e) {
+      return Promise.reject(e);
+    }
+  }
+
+  #writeSync(hash: bigint, tokens: readonly number[], data: Uint8Array): void {
     if (tokens.length > MAX_TOKENS) {
       throw new Error(`internal error: a spilled block holds at most ${MAX_TOKENS} tokens`);
     }
@@ -94,18 +104,23 @@ export class FileTier {
     v.setBigUint64(16, hash, true);
     v.setBigUint64(24, hasher.h64Raw(data), true);
     tokens.forEach((t, i) => v.setUint32(32 + 4 * i, t, true));
+    // Synchronous IO: the spill breaker times a write from its call to its promise's settling,
+    // and awaited steps would add whatever else holds this thread meanwhile (the engine's
+    // blocking readbacks: seconds on a CPU adapter) to a write of a fraction of a millisecond.
     const path = this.path(hash), tmp = `${path}.${crypto.randomUUID()}.tmp`;
-    const f = await Deno.open(tmp, { write: true, createNew: true });
+    const f = Deno.openSync(tmp, { write: true, createNew: true });
     try {
-      await writeAll(f, head);
-      await writeAll(f, data);
+      writeAll(f, head);
+      writeAll(f, data);
     } catch (e) {
       f.close();
-      await Deno.remove(tmp).catch(() => {});
+      try {
+        Deno.removeSync(tmp);
+      } catch { /* already gone */ }
       throw e;
     }
     f.close();
-    await Deno.rename(tmp, path);
+    Deno.renameSync(tmp, path);
     const size = FILE_HEADER + data.byteLength;
     this.#used += size - (this.#sizes.get(hash) ?? 0);
     this.#sizes.set(hash, size);
@@ -153,8 +168,8 @@ export class FileTier {
   }
 }
 
-async function writeAll(f: Deno.FsFile, data: Uint8Array): Promise<void> {
-  for (let o = 0; o < data.byteLength;) o += await f.write(data.subarray(o));
+function writeAll(f: Deno.FsFile, data: Uint8Array): void {
+  for (let o = 0; o < data.byteLength;) o += f.writeSync(data.subarray(o));
 }
 
 /** Fills `into` from `f`; false when the file ends first. */

@@ -6,14 +6,16 @@
  *   deno task generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *                      [--temperature T] [--seed S] [--json] [--kv-dtype f32|f16]
  *                      [--context-length N] [--quantize int8|e4m3|none]
+ *                      [--kv-codec none|f16|int8|bfp4|sign1] [--kv-hot N]
  */
 import { parseArgs } from "node:util";
 import { SessionStore } from "./engine/sessions/store.ts";
 import { Engine } from "./engine/engine.ts";
-import { sampling } from "./api/types.ts";
+import { type KvStats, sampling } from "./api/types.ts";
 import { status } from "./engine/model/progress.ts";
 import { WorkerEngine } from "./engine/worker/host.ts";
 import { parseKvDtype, parseQuantize, type QuantizeMode } from "./gpu/dtype.ts";
+import { parseKvCodec } from "./kernels/kv_codec.ts";
 
 /** The model served when none is given: the small model shipped in models/. */
 export const DEFAULT_MODEL = new URL("./models/strata-default", import.meta.url).pathname;
@@ -25,11 +27,13 @@ const USAGE = `usage:
                    [--header-timeout S] [--idle-timeout S] [--body-timeout S]
                    [--kv-dtype f32|f16] [--kv-blocks N] [--kv-cold DIR] [--kv-warm-mb N]
                    [--kv-sync] [--speculate off|auto] [--quantize int8|e4m3|none]
-                   [--quantize-fallback on|off]
+                   [--quantize-fallback on|off] [--kv-codec none|f16|int8|bfp4|sign1]
+                   [--kv-hot N]
   main.ts generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
                    [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
                    [--stop STR] [--chat] [--json] [--kv-dtype f32|f16] [--context-length N]
                    [--speculate off|auto] [--quantize int8|e4m3|none] [--quantize-fallback on|off]
+                   [--kv-codec none|f16|int8|bfp4|sign1] [--kv-hot N]
   main.ts generate --replay SESSION --kv PATH [--model DIR] [--json]
 --kv PATH keeps sessions (tokens and KV blocks) in Deno KV at PATH across restarts.
 --kv-sync: a session's turn ends (its last SSE chunk, JSON response or WebSocket "done") only
@@ -47,6 +51,12 @@ keys, TENANT/ID where TENANT is the key's tenant id).
 --kv-dtype f16 holds the KV cache in half the memory (K and V rounded to f16); default f32.
 --kv-blocks N sizes the GPU KV pool in 16-token blocks (default 4096 f32 blocks' worth of memory,
 at most what one binding holds).
+--kv-codec f16|int8|bfp4|sign1 keeps the newest --kv-hot N tokens of each sequence (default 128)
+at full precision and re-encodes every older whole block on the GPU (f16 from an f32 cache; int8
+with a scale per token; bfp4: 4-bit mantissas, an exponent per 16 values; sign1: a 1-bit sketch),
+which attention reads as it is: more tokens in the same memory, at a measured cost in quality
+(docs/kv_codecs.md). --kv-blocks then counts full-precision blocks, and the pool holds as many
+bytes again of codec blocks (by default half the usual pool each). Default none.
 --quantize int8|e4m3 quantizes every layer's projections (QKV, o, gate/up, down) at load, one
 scale per output row; norms, attention, residuals, the KV cache, embeddings and the LM head keep
 their precision. A monitor measures each layer's inputs every batch and runs a layer whose inputs
@@ -63,7 +73,7 @@ Environment: STRATA_MODEL, HOST, PORT, STRATA_API_KEY, STRATA_API_KEYS (comma-se
 STRATA_KV, STRATA_CORS, STRATA_ALLOWED_HOSTS, STRATA_MAX_SLOTS, STRATA_MAX_QUEUED,
 STRATA_CONTEXT_LENGTH, STRATA_MAX_BODY_BYTES, STRATA_MAX_CONNECTIONS, STRATA_HEADER_TIMEOUT,
 STRATA_IDLE_TIMEOUT, STRATA_BODY_TIMEOUT, STRATA_KV_DTYPE, STRATA_KV_BLOCKS, STRATA_KV_COLD,
-STRATA_KV_WARM_MB, STRATA_KV_SYNC (1 or 0), STRATA_SPECULATE`;
+STRATA_KV_WARM_MB, STRATA_KV_SYNC (1 or 0), STRATA_SPECULATE, STRATA_KV_CODEC, STRATA_KV_HOT`;
 
 function int(name: string, v: string | undefined, fallback: number): number {
   if (v === undefined) return fallback;
@@ -91,6 +101,20 @@ function speculateFlag(v: string | undefined): "off" | "auto" {
   if (v === undefined) return "auto";
   if (v !== "off" && v !== "auto") throw new Error(`--speculate must be off or auto; got '${v}'`);
   return v;
+}
+
+/**
+ * The engine options of --kv-codec and --kv-hot (flags, else STRATA_KV_CODEC / STRATA_KV_HOT).
+ *
+ * @throws Error naming the flag for a value it does not take
+ */
+function codecOptions(codec: string | undefined, hot: string | undefined) {
+  const env = (k: string) => Deno.env.get(k) || undefined;
+  const h = hot ?? env("STRATA_KV_HOT");
+  return {
+    kvCodec: parseKvCodec(codec ?? env("STRATA_KV_CODEC")),
+    ...(h !== undefined ? { kvHot: int("kv-hot", h, 0) } : {}),
+  };
 }
 
 /** A comma-separated list, empty items dropped; undefined when absent. */
@@ -140,6 +164,8 @@ async function generate(args: string[]): Promise<void> {
       chat: { type: "boolean" },
       json: { type: "boolean" },
       "kv-dtype": { type: "string" },
+      "kv-codec": { type: "string" },
+      "kv-hot": { type: "string" },
       "context-length": { type: "string" },
       speculate: { type: "string" },
       quantize: { type: "string" },
@@ -163,6 +189,7 @@ async function generate(args: string[]): Promise<void> {
       : undefined,
     speculate: speculateFlag(v.speculate ?? (Deno.env.get("STRATA_SPECULATE") || undefined)),
     ...quantizeOptions(v.quantize, v["quantize-fallback"]),
+    ...codecOptions(v["kv-codec"], v["kv-hot"]),
   });
   status(`model ${engine.modelId} on ${engine.adapterName}${quantNote(engine.weights.quant)}`);
   const promptIds = v["prompt-ids"] !== undefined
@@ -253,6 +280,14 @@ async function replay(
   }
 }
 
+/** "4095 blocks of 16 tokens, f32", and with a codec what older blocks become. */
+function kvNote(kv: KvStats): string {
+  const hot = `${kv.gpu.total} blocks of 16 tokens, ${kv.dtype}`;
+  if (kv.codec === "none") return hot;
+  return `${hot}, the newest ${kv.hotTokens} tokens of each sequence; ${kv.codecBlocks.total} ` +
+    `${kv.codec} blocks behind them, ${Math.round(kv.capacity.tokensPerGb)} tokens per GB`;
+}
+
 function hex(x: number): string {
   return `0x${(x >>> 0).toString(16).padStart(8, "0")}`;
 }
@@ -281,6 +316,8 @@ async function serve(args: string[]): Promise<void> {
       "kv-cold": { type: "string" },
       "kv-warm-mb": { type: "string" },
       "kv-sync": { type: "boolean" },
+      "kv-codec": { type: "string" },
+      "kv-hot": { type: "string" },
       speculate: { type: "string" },
       quantize: { type: "string" },
       "quantize-fallback": { type: "string" },
@@ -289,6 +326,7 @@ async function serve(args: string[]): Promise<void> {
   });
   if (v.help) return console.log(USAGE);
   const quantize = quantizeOptions(v.quantize, v["quantize-fallback"]);
+  const codec = codecOptions(v["kv-codec"], v["kv-hot"]);
   const env = (k: string) => Deno.env.get(k) || undefined;
   const kvPath = v.kv ?? env("STRATA_KV");
   const syncEnv = env("STRATA_KV_SYNC");
@@ -364,6 +402,7 @@ async function serve(args: string[]): Promise<void> {
       ? int("kv-blocks", v["kv-blocks"] ?? env("STRATA_KV_BLOCKS"), 0)
       : undefined,
     ...quantize,
+    ...codec,
   });
   const { createApp } = await import("./routes/app.ts");
   const { listen } = await import("./routes/listen.ts");
@@ -383,7 +422,7 @@ async function serve(args: string[]): Promise<void> {
     onListen: ({ hostname, port }) =>
       console.error(
         `strata: serving ${engine.modelId} on ${engine.adapterName} at http://${hostname}:${port}/` +
-          ` (KV cache: ${engine.kvStats().gpu.total} blocks of 16 tokens, ${engine.kvDtype}; ` +
+          ` (KV cache: ${kvNote(engine.kvStats())}; ` +
           `${apiKeys.length} API key${apiKeys.length === 1 ? "" : "s"}` +
           `${quantize.quantize !== "none" ? `; ${quantize.quantize} projections` : ""})`,
       ),

@@ -37,6 +37,7 @@ import { decodeBytes, type ModelWeights, uploadWeights } from "./model/weights.t
 import { BLOCK, scopeRoot, SequenceBlocks } from "./kv/blocks.ts";
 import { KvPool } from "./kv/pool.ts";
 import { Runner } from "./runner/runner.ts";
+import { type HotWindowItem, Reencoder } from "./runner/reencode.ts";
 import type { SessionStore } from "./sessions/store.ts";
 import { Sessions } from "./sessions/sessions.ts";
 import { type HostStats, Loop } from "./sched/loop.ts";
@@ -45,7 +46,13 @@ import { Sequence } from "./sched/sequence.ts";
 import { SpeculationPolicy } from "./sched/speculation.ts";
 import { ConstraintCompiler, ConstraintImages } from "./constraints.ts";
 import { replayTurns } from "./replay.ts";
-import { type EngineOptions, poolBlocks, type Settled, settleOptions } from "./options.ts";
+import {
+  codecBlocks,
+  type EngineOptions,
+  poolBlocks,
+  type Settled,
+  settleOptions,
+} from "./options.ts";
 import { PrecisionPolicy, type PrecisionThresholds } from "./sched/precision.ts";
 import { precisionStats } from "./sched/precision_stats.ts";
 
@@ -81,6 +88,8 @@ export class Engine implements EngineLike {
   #scoring = false;
   /** Which precision each layer runs at (the monitor's measurements decide). */
   readonly #precision: PrecisionPolicy;
+  /** With a KV codec: moves blocks behind the hot window into codec blocks. */
+  readonly #reencoder?: Reencoder;
 
   private constructor(
     readonly gpu: Gpu,
@@ -107,12 +116,15 @@ export class Engine implements EngineLike {
     this.#sched = new Scheduler(opts);
     this.#sessions = new Sessions(parts.kv, model.id, parts.store);
     this.#speculation = new SpeculationPolicy({ rows: this.runner.specRows, mode: opts.speculate });
+    const reencoder = parts.kv.region && new Reencoder(parts.kv, this.runner, opts.kvHot);
+    this.#reencoder = reencoder;
     this.#loop = new Loop({
       runner: this.runner,
       scheduler: this.#sched,
       sessions: this.#sessions,
       speculation: this.#speculation,
       mask: opts.mask,
+      afterRound: reencoder && (() => reencoder.pass(this.#hotWindowItems())),
     });
     const monitor = this.runner.monitor;
     this.#precision = new PrecisionPolicy({
@@ -149,7 +161,12 @@ export class Engine implements EngineLike {
     const { config: cfg, tokenizer, weights } = model;
     const opts = settleOptions(gpu, cfg, options);
     const numBlocks = poolBlocks(gpu, cfg, opts, options.kvBlocks);
-    const kv = new KvPool(gpu, cfg, { numBlocks, dtype: opts.kvDtype });
+    const kv = new KvPool(gpu, cfg, {
+      numBlocks,
+      dtype: opts.kvDtype,
+      codec: opts.kvCodec,
+      codecBlocks: codecBlocks(gpu, cfg, opts, numBlocks),
+    });
     const compiler = new ConstraintCompiler(tokenizer, cfg.vocabSize);
     const runner = new Runner<Sequence>(gpu, cfg, weights, {
       kv,
@@ -248,11 +265,17 @@ export class Engine implements EngineLike {
   kvStats(): KvStats {
     const snap = this.#sessions.snapshotStats();
     const stored = this.#sessions.storedBlocks();
-    const pool = this.#kv.blocks;
+    const kv = this.#kv, pool = kv.blocks;
+    const tokens = (pool.blocks.length - 1) * BLOCK;
     return {
       blockTokens: BLOCK,
       dtype: this.kvDtype,
-      gpu: { used: pool.usedCount, total: pool.blocks.length - 1 },
+      gpu: { used: pool.usedCount, total: pool.hot - 1 },
+      codec: kv.codec,
+      hotTokens: kv.region ? this.opts.kvHot : 0,
+      codecBlocks: { used: pool.codecUsedCount, total: pool.blocks.length - pool.hot },
+      // Every block of the pool in use (hot and codec), per GB of its K and V buffers.
+      capacity: { tokens, tokensPerGb: tokens / ((2 * kv.poolBytes) / 1e9) },
       // Blocks held by session snapshots in Deno KV (warm) and in files (cold); chunks shared
       // by sessions count once per session.
       kv: { used: stored.kv },
@@ -363,10 +386,34 @@ export class Engine implements EngineLike {
     this.#scoring = true; // slot 0 is ours meanwhile: generate() waits (see #scoring)
     try {
       blocks.reserve(ids.length);
-      return await this.runner.score(ids, blocks.table);
+      // With a codec, a block at a time, re-encoding what falls behind the hot window in
+      // between: later chunks read codec blocks as decoding would (docs/kv_codecs.md).
+      const r = this.#reencoder;
+      return await this.runner.score(
+        ids,
+        blocks.table,
+        r ? { chunk: BLOCK, afterChunk: (written) => r.pass([{ blocks, written, slot: 0 }]) } : {},
+      );
     } finally {
       blocks.free();
       this.#scoring = false;
+    }
+  }
+
+  /**
+   * What the re-encode pass looks at after a readback round: the sequences in slots (their KV
+   * written up to the last token read back, which the next step writes) and the idle sessions.
+   */
+  *#hotWindowItems(): Generator<HotWindowItem> {
+    for (const s of this.#sched.slots) {
+      if (s && s.slot >= 0) {
+        yield { blocks: s.blocks, written: s.allTokens().length - 1, slot: s.slot };
+      }
+    }
+    const table = this.#sessions.table;
+    for (const info of table.list()) {
+      const e = table.get(info.id);
+      if (e && !e.busy) yield { blocks: e.blocks, written: e.blocks.computed, slot: -1 };
     }
   }
 

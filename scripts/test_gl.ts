@@ -18,6 +18,7 @@ export const GL_FILES = [
   "tests/sampling_test.ts",
   "tests/kernels_constraint_test.ts",
   "tests/kernels_fingerprint_test.ts",
+  "tests/kernels_kv_codec_test.ts",
 ];
 
 /** What the GL runs add to the environment. */

@@ -128,6 +128,7 @@ export class ForwardPass {
       nKvHeads: cfg.nKvHeads,
       headDim: cfg.headDim,
       kvDtype: o.kv.dtype,
+      codec: o.kv.region,
       mask: this.mask,
     });
   }
@@ -204,6 +205,8 @@ export class ForwardPass {
       nLayers: c.nLayers,
       maxBlocks: this.#layout.maxBlocks,
       kvDtype: this.#kv.dtype,
+      // Codec blocks behind the hot window (engine/kv/recency.ts): attention decodes them.
+      codec: this.#kv.region,
       // yarn's cos/sin factor, squared (engine/model/config.ts), and the model's mask.
       scale: attentionScale(c),
       mask: this.mask,

@@ -1,0 +1,193 @@
+/**
+ * Precision by recency end to end: an engine with each KV codec and a 16-token hot window,
+ * generating and scoring, against a float64 reference of what it computes: the reference
+ * forward's K and V, with every block that the engine has re-encoded by the time a query runs
+ * passed through the codec's reference encoder and decoder (kernels/reference_kv.ts).
+ *
+ * When a block is re-encoded: after each readback round, the blocks wholly behind the newest
+ * 16 tokens of what was read back (engine/kv/recency.ts). With one decode step per submission
+ * (maxSteps 1) the step of query position q > P (P the prompt length) is encoded after the
+ * round that read token q − 1, so it sees re-encoded the blocks ending at or before
+ * q − 1 − 16; the prefill and the first step (q ≤ P) see none. Scoring re-encodes after each
+ * 16-token chunk: a query in the chunk from c sees the blocks ending at or before c − 16.
+ */
+import assert from "node:assert/strict";
+import { Engine } from "../engine/engine.ts";
+import { sampling } from "../api/types.ts";
+import { loadModelFolder } from "../engine/model/folder.ts";
+import {
+  linear,
+  logSoftmax,
+  ReferenceModel,
+  rmsnorm,
+  rope,
+  topMargin,
+} from "../engine/model/reference_forward.ts";
+import { decodeHeadRef, encodeHeadRef } from "../kernels/reference_kv.ts";
+import type { KvCodec } from "../kernels/kv_codec.ts";
+import { type TestModelOptions, withTestModel } from "../scripts/make_test_model.ts";
+import { rng, testGpu } from "./util.ts";
+
+const HOT = 16;
+const MODEL: TestModelOptions = {
+  arch: "llama",
+  dtype: "f16",
+  hidden: 128,
+  heads: 4,
+  kvHeads: 2,
+  ffn: 192,
+  layers: 2,
+  seed: 5,
+};
+
+/**
+ * Logits at every position of `tokens`, where query q reads the first `codecBlocks(q)` logical
+ * blocks through `codec` (encoded from the f32-rounded K and V, as the engine's f32 cache holds
+ * them) and the rest as they are.
+ */
+function codecForward(
+  m: ReferenceModel,
+  tokens: number[],
+  codec: KvCodec,
+  codecBlocks: (q: number) => number,
+): Float64Array[] {
+  const cfg = m.config, w = m.weights;
+  const { hiddenSize: H, headDim: D, nHeads, nKvHeads: Hk, intermediateSize: F } = cfg;
+  const T = tokens.length, group = nHeads / Hk, full = Math.floor(T / 16);
+  const x = tokens.map((t) => w.embed.slice(t * H, (t + 1) * H));
+  for (const layer of w.layers) {
+    const hn = x.map((r) => rmsnorm(r, layer.inputNorm, cfg.rmsEps));
+    const q = hn.map((r) => linear(r, layer.q, { bias: layer.qBias }));
+    const k = hn.map((r) => linear(r, layer.k, { bias: layer.kBias }).map(Math.fround));
+    const v = hn.map((r) => linear(r, layer.v, { bias: layer.vBias }).map(Math.fround));
+    for (let t = 0; t < T; t++) {
+      rope(q[t], { nHeads, headDim: D, pos: t, invFreq: m.invFreq });
+      rope(k[t], { nHeads: Hk, headDim: D, pos: t, invFreq: m.invFreq });
+      k[t] = k[t].map(Math.fround);
+    }
+    // Each whole block's K and V as its codec block decodes: [block][position][Hk * D].
+    const coded = (src: Float64Array[], isV: boolean) =>
+      Array.from({ length: full }, (_, b) => {
+        const out = Array.from({ length: 16 }, () => new Float64Array(Hk * D));
+        for (let h = 0; h < Hk; h++) {
+          const head = new Float64Array(16 * D);
+          for (let t = 0; t < 16; t++) {
+            head.set(src[16 * b + t].subarray(h * D, (h + 1) * D), t * D);
+          }
+          const back = decodeHeadRef(codec, isV, encodeHeadRef(codec, isV, head, D), D);
+          for (let t = 0; t < 16; t++) out[t].set(back.subarray(t * D, (t + 1) * D), h * D);
+        }
+        return out;
+      });
+    const kc = coded(k, false), vc = coded(v, true);
+    const attn = q.map((qt, i) => {
+      const out = new Float64Array(nHeads * D), n = codecBlocks(i);
+      const key = (j: number) => j < 16 * n ? kc[j >> 4][j % 16] : k[j];
+      const val = (j: number) => j < 16 * n ? vc[j >> 4][j % 16] : v[j];
+      for (let h = 0; h < nHeads; h++) {
+        const qb = h * D, kb = Math.floor(h / group) * D, s = new Float64Array(i + 1);
+        for (let j = 0; j <= i; j++) {
+          for (let d = 0; d < D; d++) s[j] += qt[qb + d] * key(j)[kb + d];
+          s[j] /= Math.sqrt(D);
+        }
+        const mx = Math.max(...s);
+        let sum = 0;
+        for (let j = 0; j <= i; j++) sum += s[j] = Math.exp(s[j] - mx);
+        for (let j = 0; j <= i; j++) {
+          for (let d = 0; d < D; d++) out[qb + d] += (s[j] / sum) * val(j)[kb + d];
+        }
+      }
+      return out;
+    });
+    for (let t = 0; t < T; t++) {
+      const o = linear(attn[t], layer.o, { bias: layer.oBias });
+      for (let i = 0; i < H; i++) x[t][i] += o[i];
+      const h = rmsnorm(x[t], layer.postNorm, cfg.rmsEps);
+      const g = linear(h, layer.gate), u = linear(h, layer.up);
+      for (let j = 0; j < F; j++) g[j] = (g[j] / (1 + Math.exp(-g[j]))) * u[j];
+      const d = linear(g, layer.down);
+      for (let i = 0; i < H; i++) x[t][i] += d[i];
+    }
+  }
+  return x.map((r) => linear(rmsnorm(r, w.norm, cfg.rmsEps), w.lmHead));
+}
+
+/**
+ * Largest |Δ logprob| allowed, by codec. The engine's K and V are f32 GPU arithmetic, the
+ * reference's float64 rounded to f32: they differ in the last bits, so a value the reference
+ * puts on one side of a rounding boundary the GPU may put on the other, and that element moves
+ * by a quantization step: an f16 ulp, a 127th of an int8 row, up to 2^k of a bfp4 group, 2·a of
+ * a sign1 row (a flipped sign). Measured on lavapipe: at most 1.2e-4 (none flipped enough to
+ * show); the bounds leave room for a few flips on another adapter, and stay well below what the
+ * codec itself moves (asserted: a run that ignored the codec blocks would fail).
+ */
+const TOLERANCE: Record<Exclude<KvCodec, "none">, number> = {
+  f16: 2e-4,
+  int8: 2e-3,
+  bfp4: 1e-2,
+  sign1: 2e-2,
+};
+
+for (const codec of ["f16", "int8", "bfp4", "sign1"] as const) {
+  Deno.test(`engine with --kv-codec ${codec} --kv-hot ${HOT} matches its float64 reference`, async () => {
+    await testGpu();
+    await withTestModel(MODEL, async (dir) => {
+      const engine = await Engine.load(dir, {
+        maxSlots: 1,
+        contextLength: 128,
+        maxChunk: 32,
+        maxSteps: 1,
+        kvCodec: codec,
+        kvHot: HOT,
+      });
+      const ref = await ReferenceModel.load(await loadModelFolder(dir));
+      const r = rng(23), P = 37, N = 40;
+      const prompt = Array.from({ length: P }, () => 3 + r.int(300));
+      const gen = engine.generate({
+        promptIds: prompt,
+        sampling: sampling({ maxTokens: N, stopAtEos: false }),
+      });
+      const tokens: number[] = [], logprobs: number[] = [];
+      for await (const t of gen) {
+        tokens.push(t.id);
+        logprobs.push(t.logprob);
+      }
+      assert.equal(tokens.length, N);
+      const seq = [...prompt, ...tokens];
+      const aged = (end: number) => Math.max(0, Math.floor((end - HOT) / 16));
+      const want = codecForward(ref, seq, codec, (q) => q <= P ? 0 : aged(q - 1));
+      const plain = codecForward(ref, seq, codec, () => 0);
+      let worst = 0, apart = 0, decisive = 0;
+      for (let i = 0; i < N; i++) {
+        const row = want[P - 1 + i], lp = logSoftmax(row);
+        if (topMargin(row) > 0.05) {
+          assert.equal(tokens[i], lp.indexOf(Math.max(...lp)), `step ${i}`);
+          decisive++;
+        }
+        worst = Math.max(worst, Math.abs(logprobs[i] - lp[tokens[i]]));
+        apart = Math.max(apart, Math.abs(lp[tokens[i]] - logSoftmax(plain[P - 1 + i])[tokens[i]]));
+      }
+      // Scoring: teacher-forced, re-encoded after every 16-token chunk.
+      const scored = Array.from({ length: 80 }, () => 3 + r.int(300));
+      const got = await engine.score(scored);
+      const sw = codecForward(ref, scored, codec, (q) => aged(16 * Math.floor(q / 16)));
+      let worstScore = 0;
+      for (let i = 0; i < got.length; i++) {
+        worstScore = Math.max(worstScore, Math.abs(got[i] - logSoftmax(sw[i])[scored[i + 1]]));
+      }
+      console.log(
+        `${codec}: generation max |Δ logprob| ${worst.toExponential(2)} (${decisive}/${N} ` +
+          `argmax checks), scoring ${worstScore.toExponential(2)}; the codec itself moves ` +
+          `logprobs by up to ${apart.toExponential(2)}`,
+      );
+      assert.ok(worst <= TOLERANCE[codec], `generation: |Δ logprob| ${worst}`);
+      assert.ok(worstScore <= TOLERANCE[codec], `scoring: |Δ logprob| ${worstScore}`);
+      assert.ok(decisive >= N / 2, `too few decisive steps (${decisive})`);
+      assert.ok(apart > 4 * TOLERANCE[codec], `the codec moves logprobs by only ${apart}`);
+      const kv = engine.kvStats();
+      assert.equal(kv.codec, codec);
+      assert.equal(kv.codecBlocks.used, 0, "codec blocks left behind");
+      assert.ok(kv.capacity.tokens > kv.gpu.total * 16);
+    });
+  });
+}

@@ -168,8 +168,11 @@ export interface KvStats {
   codec: string;
   /** Tokens each sequence keeps hot at its end (0 without a codec). */
   hotTokens: number;
-  /** Codec blocks of the GPU pool in use, and in all (0 of 0 without a codec). */
-  codecBlocks: { used: number; total: number };
+  /**
+   * Codec blocks of the GPU pool in use, and in all (0 of 0 without a codec), and the blocks
+   * re-encoded into them since the engine started.
+   */
+  codecBlocks: { used: number; total: number; reencoded: number };
   /** Tokens the GPU pool holds with every block in use, and per GB of its memory (K and V). */
   capacity: { tokens: number; tokensPerGb: number };
   kv: { used: number };

@@ -273,7 +273,11 @@ export class Engine implements EngineLike {
       gpu: { used: pool.usedCount, total: pool.hot - 1 },
       codec: kv.codec,
       hotTokens: kv.region ? this.opts.kvHot : 0,
-      codecBlocks: { used: pool.codecUsedCount, total: pool.blocks.length - pool.hot },
+      codecBlocks: {
+        used: pool.codecUsedCount,
+        total: pool.blocks.length - pool.hot,
+        reencoded: this.#reencoder?.total ?? 0,
+      },
       // Every block of the pool in use (hot and codec), per GB of its K and V buffers.
       capacity: { tokens, tokensPerGb: tokens / ((2 * kv.poolBytes) / 1e9) },
       // Blocks held by session snapshots in Deno KV (warm) and in files (cold); chunks shared

@@ -38,6 +38,7 @@ import {
 } from "./bench_options.ts";
 import { BenchProgress } from "./bench_progress.ts";
 import { speculationMain } from "./bench_speculation.ts";
+import { codecsMain, kvCodecResult } from "./bench_codecs.ts";
 
 import type { BenchResult, Lag, SessionsResult, WorkerResult } from "./bench_result.ts";
 
@@ -110,6 +111,8 @@ async function measure(o: Checked, ctx: MeasureContext): Promise<BenchResult> {
     queueDepth: o.queueDepth,
     maxChunk: o.maxChunk,
     kvDtype: o.kvDtype,
+    kvCodec: o.kvCodec,
+    ...(o.kvHot !== undefined ? { kvHot: o.kvHot } : {}),
     store,
   };
   const q = o.quantize !== "none" ? `, ${o.quantize}` : "";
@@ -188,6 +191,7 @@ async function measure(o: Checked, ctx: MeasureContext): Promise<BenchResult> {
     quantize: o.quantize,
     layers_16bit: precision.layers.filter((l) => l.fellBack).length,
     kv_dtype: o.kvDtype,
+    ...kvCodecResult(engine),
     batch: o.batch,
     prompt_len: o.promptLen,
     new_tokens: o.newTokens,
@@ -422,6 +426,7 @@ export async function main(args: string[]): Promise<void> {
   if (args.includes("--speculate")) return await speculationMain(args);
   const flags = parseFlags(args);
   if (flags.help) return console.log(USAGE);
+  if (flags.codecs.length) return await codecsMain(flags, runBench);
   const result = await runBench(flags.options);
   console.log(formatTable(result));
   if (flags.out) {

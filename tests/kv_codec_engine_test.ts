@@ -26,6 +26,7 @@ import {
 import { decodeHeadRef, encodeHeadRef } from "../kernels/reference_kv.ts";
 import type { KvCodec } from "../kernels/kv_codec.ts";
 import { type TestModelOptions, withTestModel } from "../scripts/make_test_model.ts";
+import { createApp } from "../routes/app.ts";
 import { rng, testGpu } from "./util.ts";
 
 const HOT = 16;
@@ -191,3 +192,37 @@ for (const codec of ["f16", "int8", "bfp4", "sign1"] as const) {
     });
   });
 }
+
+Deno.test("--kv-codec: refusals, the pool's capacity and /health", async () => {
+  await testGpu();
+  await withTestModel(MODEL, async (dir) => {
+    const refuse = (o: Parameters<typeof Engine.load>[1], re: RegExp) =>
+      assert.rejects(Engine.load(dir, { maxSlots: 1, contextLength: 64, ...o }), re);
+    await refuse({ kvCodec: "int4" as KvCodec }, /--kv-codec must be one of none, f16, int8/);
+    await refuse({ kvHot: 32 }, /--kv-hot applies with --kv-codec/);
+    await refuse({ kvCodec: "int8", kvHot: -1 }, /--kv-hot must be an integer >= 0/);
+    await refuse({ kvCodec: "f16", kvDtype: "f16" }, /--kv-codec f16 re-encodes an f32 cache/);
+    const plain = await Engine.load(dir, { maxSlots: 1, contextLength: 64, kvBlocks: 40 });
+    const engine = await Engine.load(dir, {
+      maxSlots: 1,
+      contextLength: 64,
+      kvBlocks: 40,
+      kvCodec: "bfp4",
+    });
+    const none = plain.kvStats(), kv = engine.kvStats();
+    assert.deepEqual([none.codec, none.hotTokens, none.codecBlocks.total], ["none", 0, 0]);
+    assert.equal(none.capacity.tokens, 39 * 16);
+    // --kv-blocks counts hot blocks; the codec blocks take as many bytes again: 64/9 as many
+    // at head dim 32 (bfp4: 4.5 bits a value against f32's 32).
+    assert.equal(kv.gpu.total, 39);
+    assert.equal(kv.codecBlocks.total, Math.floor((40 * 32 * 4) / 18));
+    assert.equal(kv.hotTokens, 128);
+    assert.ok(kv.capacity.tokensPerGb > 3.5 * none.capacity.tokensPerGb);
+    const h = await (await createApp(engine, {}).request("/health")).json();
+    assert.equal(h.kv.codec, "bfp4");
+    assert.equal(h.kv.hot_tokens, 128);
+    assert.deepEqual(h.kv.codec_blocks, { used: 0, total: kv.codecBlocks.total });
+    assert.equal(h.kv.capacity_tokens, kv.capacity.tokens);
+    assert.equal(h.kv.tokens_per_gb, Math.round(kv.capacity.tokensPerGb));
+  });
+});

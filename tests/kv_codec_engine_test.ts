@@ -23,7 +23,14 @@ import {
   rope,
   topMargin,
 } from "../engine/model/reference_forward.ts";
-import { decodeHeadRef, encodeHeadRef } from "../kernels/reference_kv.ts";
+import {
+  decodeBlockRef,
+  decodeHeadRef,
+  encodeBlockRef,
+  encodeHeadRef,
+} from "../kernels/reference_kv.ts";
+import { KvPool } from "../engine/kv/pool.ts";
+import type { ModelConfig } from "../engine/model/config.ts";
 import type { KvCodec } from "../kernels/kv_codec.ts";
 import { type TestModelOptions, withTestModel } from "../scripts/make_test_model.ts";
 import { createApp } from "../routes/app.ts";
@@ -225,4 +232,54 @@ Deno.test("--kv-codec: refusals, the pool's capacity and /health", async () => {
     assert.equal(h.kv.capacity_tokens, kv.capacity.tokens);
     assert.equal(h.kv.tokens_per_gb, Math.round(kv.capacity.tokensPerGb));
   });
+});
+
+Deno.test("KvPool with codec blocks: encode, copyOut in hot and raw form, write of either", async () => {
+  const gpu = await testGpu();
+  const cfg = { nLayers: 3, nKvHeads: 1, headDim: 40 } as ModelConfig;
+  const pool = new KvPool(gpu, cfg, { numBlocks: 4, dtype: "f32", codec: "int8", codecBlocks: 3 });
+  const heads = 3, elems = heads * 16 * 40, r = rng(4);
+  assert.deepEqual([pool.blockBytesOf(3), pool.blockBytesOf(4)], [elems * 4, heads * 176 * 4]);
+  const hot = Array.from({ length: 2 }, () => ({ k: r.uniform(elems, 3), v: r.uniform(elems) }));
+  const bytes = (k: ArrayLike<number>, v: ArrayLike<number>) =>
+    new Uint8Array(Float32Array.from([...Array.from(k), ...Array.from(v)]).buffer);
+  hot.forEach((b, i) => pool.write(1 + i, bytes(b.k, b.v)));
+  pool.encode([[1, 5], [2, 4]]);
+  const read = async (ids: number[], raw: boolean) => {
+    const staging = pool.copyOut(ids, { raw });
+    await staging.mapAsync(GPUMapMode.READ);
+    const out = new Uint8Array(staging.getMappedRange().slice(0));
+    staging.destroy();
+    return out;
+  };
+  const shape = { heads, headDim: 40 };
+  const want = hot.map((b) => ({
+    k: encodeBlockRef("int8", false, Float32Array.from(b.k), shape),
+    v: encodeBlockRef("int8", true, Float32Array.from(b.v), shape),
+  }));
+  // Raw: each block as held (codec words, then a hot block's f32), back to back.
+  const raw = await read([5, 3, 4], true);
+  const cb = pool.codecBytes, hb = pool.blockBytes;
+  assert.equal(raw.byteLength, 2 * cb + 2 * hb + 2 * cb);
+  assert.deepEqual(
+    new Uint32Array(raw.slice(0, 2 * cb).buffer),
+    Uint32Array.from([...want[0].k, ...want[0].v]),
+  );
+  assert.deepEqual(
+    new Uint32Array(raw.slice(-2 * cb).buffer),
+    Uint32Array.from([...want[1].k, ...want[1].v]),
+  );
+  // Hot form: the codec blocks decoded on the GPU, a hot block as it is.
+  const hotForm = new Float32Array((await read([4, 1], false)).buffer);
+  const decoded = [
+    ...decodeBlockRef("int8", false, want[1].k, shape),
+    ...decodeBlockRef("int8", true, want[1].v, shape),
+  ];
+  assert.deepEqual(Array.from(hotForm.subarray(0, 2 * elems)), decoded.map(Math.fround));
+  assert.deepEqual(hotForm.subarray(2 * elems), Float32Array.from([...hot[0].k, ...hot[0].v]));
+  // A codec block written raw reads back the same.
+  pool.write(6, raw.slice(0, 2 * cb));
+  assert.deepEqual(await read([6], true), raw.slice(0, 2 * cb));
+  assert.throws(() => pool.write(6, raw.slice(0, 2 * hb)), /KV block 6 is/);
+  assert.throws(() => pool.encode([[4, 5]]), /re-encoding block 4 into 5/);
 });

@@ -145,7 +145,8 @@ export interface KvCodecOptions extends KvShape {
 
 /**
  * Builds the `encode` (hot blocks → codec blocks, in the pools) or `decode` (codec blocks → hot
- * form, into `out`) of `items` blocks. One workgroup per (layer × kv head, item, K or V).
+ * form, into `out`) of `items` blocks. One workgroup per (layer × kv head, item, K or V). The
+ * dispatch's `uniform` is its own: a caller that runs it once may destroy it after submitting.
  *
  * @throws Error ("internal error") on an empty or too long list, or decode without `out`
  * @example
@@ -158,7 +159,7 @@ export function kvCodecDispatch(
   entry: "encode" | "decode",
   b: KvCodecBuffers,
   o: KvCodecOptions,
-): Dispatch {
+): Dispatch & { uniform: GPUBuffer } {
   const heads = o.nLayers * o.nKvHeads;
   if (!(o.items >= 1 && o.items <= 65535 && heads <= 65535)) {
     throw new Error(`internal error: kv codec ${entry} of ${o.items} blocks, ${heads} heads`);
@@ -176,6 +177,7 @@ export function kvCodecDispatch(
   });
   const u = uniform(gpu, params([o.items, heads, hotBlockBytes(o, o.dtype) / 4, 0]));
   return {
+    uniform: u,
     label: `kv_codec ${entry} ${o.region.codec} ${o.items} blocks ${heads}x${o.headDim} ${o.dtype}`,
     pipeline: pipe,
     bindGroup: bindGroup(gpu, pipe, [

@@ -111,20 +111,22 @@ export class KvPool {
     const bad = pairs.find(([from, to]) => b.isCodec(from) || !b.isCodec(to));
     if (bad) throw new Error(`internal error: re-encoding block ${bad[0]} into ${bad[1]}`);
     if (!pairs.length) return;
-    const dev = this.gpu.device, enc = dev.createCommandEncoder();
+    const dev = this.gpu.device, enc = dev.createCommandEncoder(), used: GPUBuffer[] = [];
     const pass = enc.beginComputePass();
     for (let i = 0; i < pairs.length; i += MAX_ITEMS) {
-      const part = pairs.slice(i, i + MAX_ITEMS);
-      encode(pass, [
-        kvCodecDispatch(this.gpu, "encode", {
-          pairs: pairsBuffer(this.gpu, part),
-          kPool: this.k,
-          vPool: this.v,
-        }, { ...this.cfg, items: part.length, dtype: this.dtype, region }),
-      ]);
+      const part = pairs.slice(i, i + MAX_ITEMS), list = pairsBuffer(this.gpu, part);
+      const d = kvCodecDispatch(this.gpu, "encode", { pairs: list, kPool: this.k, vPool: this.v }, {
+        ...this.cfg,
+        items: part.length,
+        dtype: this.dtype,
+        region,
+      });
+      encode(pass, [d]);
+      used.push(list, d.uniform);
     }
     pass.end();
     dev.queue.submit([enc.finish()]);
+    for (const b of used) b.destroy(); // after the submit: destroyed once the work is done
   }
 
   /**
@@ -147,21 +149,22 @@ export class KvPool {
     // one binding), then copied like hot blocks.
     const decoded = o.raw ? [] : ids.filter((id) => this.blocks.isCodec(id));
     const per = Math.max(1, Math.min(MAX_ITEMS, Math.floor(this.gpu.maxBinding / (2 * bb))));
-    const scratch: GPUBuffer[] = [];
+    const scratch: GPUBuffer[] = [], used: GPUBuffer[] = [];
     if (decoded.length) {
       const pass = enc.beginComputePass();
       for (let i = 0; i < decoded.length; i += per) {
         const part = decoded.slice(i, i + per);
         const out = createStorage(this.gpu, 2 * part.length * bb, undefined, "kv decode");
+        const list = pairsBuffer(this.gpu, part.map((id, j) => [id, j]));
+        const d = kvCodecDispatch(this.gpu, "decode", {
+          pairs: list,
+          kPool: this.k,
+          vPool: this.v,
+          out,
+        }, { ...this.cfg, items: part.length, dtype: this.dtype, region: this.region! });
+        encode(pass, [d]);
         scratch.push(out);
-        encode(pass, [
-          kvCodecDispatch(this.gpu, "decode", {
-            pairs: pairsBuffer(this.gpu, part.map((id, j) => [id, j])),
-            kPool: this.k,
-            vPool: this.v,
-            out,
-          }, { ...this.cfg, items: part.length, dtype: this.dtype, region: this.region! }),
-        ]);
+        used.push(list, d.uniform, out);
       }
       pass.end();
     }
@@ -184,7 +187,7 @@ export class KvPool {
       at += 2 * n;
     }
     dev.queue.submit([enc.finish()]);
-    for (const b of scratch) b.destroy();
+    for (const b of used) b.destroy();
     return staging;
   }
 

@@ -264,7 +264,7 @@ export class Sessions {
       // The next snapshot may reuse these chunks; restore verifies them before it relies on any.
       const kvOf = m.kv ?? "f32";
       this.#committed.set(m.id, { tokens: m.tokens, computed: m.computed, kv: kvOf, blocks: [] });
-      if (pool.freeCount - m.blocks.length < pool.blocks.length / 2) continue;
+      if (pool.freeCount - m.blocks.length < pool.hot / 2) continue;
       const { blocks: saved } = await store.restore(m);
       const data = saved.map((raw) => convertBlock(raw, m.kv ?? "f32", kv));
       if (data.some((raw) => raw.byteLength !== 2 * bb)) {

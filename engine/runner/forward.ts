@@ -205,8 +205,7 @@ export class ForwardPass {
       nLayers: c.nLayers,
       maxBlocks: this.#layout.maxBlocks,
       kvDtype: this.#kv.dtype,
-      // Codec blocks behind the hot window (engine/kv/recency.ts): attention decodes them.
-      codec: this.#kv.region,
+      codec: this.#kv.region, // blocks behind the hot window, decoded by attention as read
       // yarn's cos/sin factor, squared (engine/model/config.ts), and the model's mask.
       scale: attentionScale(c),
       mask: this.mask,

@@ -212,8 +212,10 @@ export function poolBlocks(
   }
   const need = Math.ceil(opts.contextLength / BLOCK) + 1;
   // By default room for one whole context at least, where one binding holds it (a 128k
-  // TinyLlama context in f16 takes 8193 blocks).
-  const numBlocks = Math.min(kvBlocks ?? Math.max(budget, need), perPool);
+  // TinyLlama context in f16 takes 8193 blocks); with a codec, the hot blocks take at most half
+  // of the binding the codec blocks share with them.
+  const cap = codec ? Math.floor(perPool / 2) : perPool;
+  const numBlocks = Math.min(kvBlocks ?? Math.max(Math.min(budget, cap), need), perPool);
   if (numBlocks < need) {
     throw new Error(
       `KV pool of ${numBlocks} blocks cannot hold one ${opts.contextLength}-token sequence; ` +
@@ -229,13 +231,22 @@ export function poolBlocks(
 /**
  * Codec blocks after `hot` hot blocks: as many bytes as the hot blocks take, within the binding
  * the pool shares with them (0 without a codec).
+ *
+ * @throws Error when the hot blocks leave no room for a whole context of codec blocks
  */
 export function codecBlocks(gpu: Gpu, cfg: ModelConfig, opts: Settled, hot: number): number {
   if (opts.kvCodec === "none") return 0;
   const hotBytes = hot * kvBlockBytes(cfg, opts.kvDtype);
-  return Math.floor(
+  const n = Math.floor(
     Math.min(hotBytes, gpu.maxBinding - hotBytes) / codecBlockBytes(cfg, opts.kvCodec),
   );
+  if (n < Math.ceil(opts.contextLength / BLOCK)) {
+    throw new Error(
+      `--kv-codec ${opts.kvCodec}: ${hot} hot blocks leave room in one binding for ${n} ` +
+        `codec blocks, not one ${opts.contextLength}-token context's; lower --kv-blocks`,
+    );
+  }
+  return n;
 }
 
 /**

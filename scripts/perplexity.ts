@@ -73,10 +73,11 @@ export async function perplexity(
   return { tokens, nll: nll / tokens, ppl: Math.exp(nll / tokens) };
 }
 
-/** ", KV int8 behind the newest 64 tokens" (nothing without a codec). */
+/** ", KV int8 behind the newest 64 tokens (600 blocks re-encoded)" (nothing without a codec). */
 function codecNote(engine: Engine): string {
   const kv = engine.kvStats();
-  return kv.codec === "none" ? "" : `, KV ${kv.codec} behind the newest ${kv.hotTokens} tokens`;
+  return kv.codec === "none" ? "" : `, KV ${kv.codec} behind the newest ${kv.hotTokens} tokens ` +
+    `(${kv.codecBlocks.reencoded} blocks re-encoded)`;
 }
 
 /** ", int8 weights, 2 of 8 layers at 16 bits" (nothing for an unquantized model). */
@@ -157,6 +158,7 @@ if (import.meta.main) {
         kv_dtype: kv.dtype,
         kv_codec: kv.codec,
         kv_hot: kv.hotTokens,
+        kv_reencoded: kv.codecBlocks.reencoded,
         context: window,
       }));
     }

@@ -283,3 +283,39 @@ Deno.test("KvPool with codec blocks: encode, copyOut in hot and raw form, write 
   assert.throws(() => pool.write(6, raw.slice(0, 2 * hb)), /KV block 6 is/);
   assert.throws(() => pool.encode([[4, 5]]), /re-encoding block 4 into 5/);
 });
+
+Deno.test("perplexity --kv-codec: the blocks behind the hot window are what later chunks read", async () => {
+  await testGpu();
+  const script = new URL("../scripts/perplexity.ts", import.meta.url).pathname;
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", script, "--kv-codec", "sign1", "--kv-hot", "16", "--context", "64"]
+      .concat(["--max-tokens", "128", "--json"]),
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
+  const got = JSON.parse(new TextDecoder().decode(out.stdout).trim().split("\n").at(-1)!);
+  // Two windows of 64 tokens, scored 16 at a time: after the chunks ending at 32, 48 and 64 the
+  // blocks ending 16 tokens before move, 3 per window.
+  assert.deepEqual(
+    [got.tokens, got.kv_codec, got.kv_hot, got.kv_reencoded, got.context],
+    [126, "sign1", 16, 6, 64],
+  );
+  assert.ok(Number.isFinite(got.ppl) && got.ppl > 1);
+});
+
+Deno.test("--kv-codec: the default pool leaves the codec blocks half the binding", async () => {
+  const gpu = await testGpu();
+  const dir = new URL("../models/strata-default", import.meta.url).pathname;
+  const engine = await Engine.load(dir, { maxSlots: 1, kvCodec: "int8" });
+  const kv = engine.kvStats(), c = engine.config;
+  const blockBytes = c.nLayers * c.nKvHeads * 16 * c.headDim * 4;
+  const hot = kv.gpu.total + 1, perBinding = Math.floor(gpu.maxBinding / blockBytes);
+  assert.equal(hot, Math.min(2048, Math.floor(perBinding / 2)));
+  // int8 at head dim 64: 1088 bytes a head block against 4096.
+  assert.equal(kv.codecBlocks.total, Math.floor((hot * 4096) / 1088));
+  await assert.rejects(
+    Engine.load(dir, { maxSlots: 1, kvCodec: "int8", kvBlocks: perBinding }),
+    /--kv-codec int8: \d+ hot blocks leave room in one binding for 0 codec blocks/,
+  );
+});

@@ -30,6 +30,7 @@ import {
   encodeHeadRef,
 } from "../kernels/reference_kv.ts";
 import { KvPool } from "../engine/kv/pool.ts";
+import { SessionStore } from "../engine/sessions/store.ts";
 import type { ModelConfig } from "../engine/model/config.ts";
 import type { KvCodec } from "../kernels/kv_codec.ts";
 import { type TestModelOptions, withTestModel } from "../scripts/make_test_model.ts";
@@ -318,4 +319,50 @@ Deno.test("--kv-codec: the default pool leaves the codec blocks half the binding
     Engine.load(dir, { maxSlots: 1, kvCodec: "int8", kvBlocks: perBinding }),
     /--kv-codec int8: \d+ hot blocks leave room in one binding for 0 codec blocks/,
   );
+});
+
+Deno.test("a session's codec blocks snapshot in the hot form and come back in another engine", async () => {
+  await testGpu();
+  const dir = await Deno.makeTempDir({ prefix: "strata-kv-codec-" });
+  try {
+    await withTestModel(MODEL, async (model) => {
+      const path = `${dir}/s.sqlite3`, opts = { maxSlots: 1, contextLength: 128, maxSteps: 1 };
+      const turn = async (e: Engine, promptIds: number[], n: number) => {
+        const gen = e.generate({
+          promptIds,
+          sampling: sampling({ maxTokens: n, stopAtEos: false }),
+          sessionId: "s",
+        });
+        const tokens: number[] = [], logprobs: number[] = [];
+        for await (const t of gen) {
+          tokens.push(t.id);
+          logprobs.push(t.logprob);
+        }
+        return { tokens, logprobs, cached: (await gen.result).cachedTokens };
+      };
+      const prompt = Array.from({ length: 45 }, (_, i) => 3 + ((i * 37) % 300));
+      let store = await SessionStore.open(path);
+      const a = await Engine.load(model, { ...opts, store, kvCodec: "int8", kvHot: HOT });
+      const first = await turn(a, prompt, 24);
+      // Idle, the session (68 tokens computed) keeps its newest 16 hot: blocks 0-2 are int8.
+      assert.equal(a.kvStats().codecBlocks.used, 3);
+      await a.flushSnapshots();
+      store.close();
+      store = await SessionStore.open(path);
+      const b = await Engine.load(model, { ...opts, store, kvCodec: "int8", kvHot: HOT });
+      assert.equal(b.session("s")?.tokens, 68);
+      // The next turn on both: B holds the decoded values in hot blocks, A the int8 blocks that
+      // decode to them, so they attend the same keys and values.
+      const next = [...prompt, ...first.tokens, 7, 8, 9];
+      const [x, y] = [await turn(a, next, 12), await turn(b, next, 12)];
+      assert.deepEqual([x.cached, y.cached], [68, 68]);
+      assert.deepEqual(y.tokens, x.tokens);
+      const worst = Math.max(...x.logprobs.map((l, i) => Math.abs(l - y.logprobs[i])));
+      assert.ok(worst < 1e-4, `restored session: |Δ logprob| ${worst}`);
+      await b.flushSnapshots();
+      store.close();
+    });
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });

@@ -7,14 +7,29 @@
  *   deno task generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *                      [--temperature T] [--seed S] [--json] [--kv-dtype f32|f16]
  *                      [--context-length N] [--quantize int8|e4m3|none]
+ *                      [--kv-codec none|f16|int8|bfp4|sign1] [--kv-hot N]
  */
 import { parseArgs } from "node:util";
 import { SessionStore } from "./engine/sessions/store.ts";
 import { Engine } from "./engine/engine.ts";
-import { type KvTierStats, sampling } from "./api/types.ts";
+import { sampling } from "./api/types.ts";
 import { status } from "./engine/model/progress.ts";
 import { WorkerEngine } from "./engine/worker/host.ts";
-import { parseKvDtype, parseQuantize, type QuantizeMode } from "./gpu/dtype.ts";
+import {
+  below,
+  codecOptions,
+  hex,
+  int,
+  kvNote,
+  list,
+  num,
+  quantizeOptions,
+  quantNote,
+  seconds,
+  speculateFlag,
+  tierFlags,
+} from "./scripts/cli_flags.ts";
+import { parseKvDtype } from "./gpu/dtype.ts";
 
 /** The model served when none is given: the small model shipped in models/. */
 export const DEFAULT_MODEL = new URL("./models/strata-default", import.meta.url).pathname;
@@ -27,11 +42,12 @@ const USAGE = `usage:
                    [--kv-dtype f32|f16] [--kv-blocks N] [--kv-cold DIR] [--kv-warm-mb N]
                    [--kv-sync] [--speculate off|auto] [--quantize int8|e4m3|none]
                    [--quantize-fallback on|off] [--kv-host-mb N] [--kv-spill DIR]
-                   [--kv-spill-mb N]
+                   [--kv-spill-mb N] [--kv-codec none|f16|int8|bfp4|sign1] [--kv-hot N]
   main.ts generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
                    [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
                    [--stop STR] [--chat] [--json] [--kv-dtype f32|f16] [--context-length N]
                    [--speculate off|auto] [--quantize int8|e4m3|none] [--quantize-fallback on|off]
+                   [--kv-codec none|f16|int8|bfp4|sign1] [--kv-hot N]
   main.ts generate --replay SESSION --kv PATH [--model DIR] [--json]
 --kv PATH keeps sessions (tokens and KV blocks) in Deno KV at PATH across restarts.
 --kv-sync: a session's turn ends (its last SSE chunk, JSON response or WebSocket "done") only
@@ -56,6 +72,12 @@ adds a folder of spill files (raw binary, one per block; its block files from an
 removed at start) that takes what host memory cannot hold, up to --kv-spill-mb N (default 16384).
 A tier is used only when the start-up profile (in /health) measured it faster than recomputing;
 a spill slower than 200 ms pauses spills for 30 s (docs/kv_tiers.md).
+--kv-codec f16|int8|bfp4|sign1 keeps the newest --kv-hot N tokens of each sequence (default 128)
+at full precision and re-encodes every older whole block on the GPU (f16 from an f32 cache; int8
+with a scale per token; bfp4: 4-bit mantissas, an exponent per 16 values; sign1: a 1-bit sketch),
+which attention reads as it is: more tokens in the same memory, at a measured cost in quality
+(docs/kv_codecs.md). --kv-blocks then counts full-precision blocks, and the pool holds as many
+bytes again of codec blocks (by default half the usual pool each). Default none.
 --quantize int8|e4m3 quantizes every layer's projections (QKV, o, gate/up, down) at load, one
 scale per output row; norms, attention, residuals, the KV cache, embeddings and the LM head keep
 their precision. A monitor measures each layer's inputs every batch and runs a layer whose inputs
@@ -73,99 +95,7 @@ STRATA_KV, STRATA_CORS, STRATA_ALLOWED_HOSTS, STRATA_MAX_SLOTS, STRATA_MAX_QUEUE
 STRATA_CONTEXT_LENGTH, STRATA_MAX_BODY_BYTES, STRATA_MAX_CONNECTIONS, STRATA_HEADER_TIMEOUT,
 STRATA_IDLE_TIMEOUT, STRATA_BODY_TIMEOUT, STRATA_KV_DTYPE, STRATA_KV_BLOCKS, STRATA_KV_COLD,
 STRATA_KV_WARM_MB, STRATA_KV_SYNC (1 or 0), STRATA_SPECULATE, STRATA_KV_HOST_MB, STRATA_KV_SPILL,
-STRATA_KV_SPILL_MB`;
-
-function int(name: string, v: string | undefined, fallback: number): number {
-  if (v === undefined) return fallback;
-  const n = Number(v);
-  if (!Number.isInteger(n)) throw new Error(`--${name} must be an integer; got '${v}'`);
-  return n;
-}
-
-function num(name: string, v: string | undefined, fallback: number): number {
-  if (v === undefined) return fallback;
-  const n = Number(v);
-  if (!Number.isFinite(n)) throw new Error(`--${name} must be a number; got '${v}'`);
-  return n;
-}
-
-/** A duration flag in seconds (> 0), as milliseconds. */
-function seconds(name: string, v: string | undefined, fallback: number): number {
-  const s = num(name, v, fallback);
-  if (!(s > 0)) throw new Error(`--${name} must be a number of seconds > 0; got '${v}'`);
-  return s * 1000;
-}
-
-/** `--speculate off|auto` (default auto: speculate where it pays; the tokens are the same). */
-function speculateFlag(v: string | undefined): "off" | "auto" {
-  if (v === undefined) return "auto";
-  if (v !== "off" && v !== "auto") throw new Error(`--speculate must be off or auto; got '${v}'`);
-  return v;
-}
-
-/** A comma-separated list, empty items dropped; undefined when absent. */
-function list(v: string | undefined): string[] | undefined {
-  return v?.split(",").map((x) => x.trim()).filter((x) => x !== "");
-}
-
-/**
- * The engine options of --quantize and --quantize-fallback.
- *
- * @throws Error naming the flag for a value it does not take, or a fallback without --quantize
- */
-function quantizeOptions(
-  q: string | undefined,
-  fallback: string | undefined,
-): { quantize: QuantizeMode; fallback: boolean } {
-  const quantize = parseQuantize(q);
-  if (fallback !== undefined && fallback !== "on" && fallback !== "off") {
-    throw new Error(`--quantize-fallback must be on or off; got '${fallback}'`);
-  }
-  if (fallback !== undefined && quantize === "none") {
-    throw new Error("--quantize-fallback applies with --quantize int8 or e4m3");
-  }
-  return { quantize, fallback: fallback !== "off" };
-}
-
-/** "; int8 projections, 16-bit fallback kept" for a status line (nothing when not quantized). */
-function quantNote(q: { mode: string; formats: string[]; fallback: boolean }): string {
-  if (q.mode === "none") return "";
-  return `; ${q.formats.join("+")} projections, 16-bit fallback ${q.fallback ? "kept" : "off"}`;
-}
-
-/**
- * The engine options of --kv-host-mb, --kv-spill and --kv-spill-mb (or their variables).
- *
- * @throws Error naming the flag for a value out of range, or --kv-spill-mb without a folder
- */
-function tierFlags(
-  v: { "kv-host-mb"?: string; "kv-spill"?: string; "kv-spill-mb"?: string },
-  env: (k: string) => string | undefined,
-): { kvHostBytes: number; kvSpillDir?: string; kvSpillBytes?: number } {
-  const hostMb = int("kv-host-mb", v["kv-host-mb"] ?? env("STRATA_KV_HOST_MB"), 1024);
-  if (hostMb < 0) throw new Error(`--kv-host-mb must be >= 0; got ${hostMb}`);
-  const dir = v["kv-spill"] ?? env("STRATA_KV_SPILL");
-  const spillArg = v["kv-spill-mb"] ?? env("STRATA_KV_SPILL_MB");
-  if (spillArg !== undefined && dir === undefined) {
-    throw new Error("--kv-spill-mb needs --kv-spill DIR (the folder of the spill files)");
-  }
-  const spillMb = int("kv-spill-mb", spillArg, 16384);
-  if (spillMb < 1) throw new Error(`--kv-spill-mb must be >= 1; got ${spillMb}`);
-  return {
-    kvHostBytes: hostMb * 2 ** 20,
-    ...(dir !== undefined ? { kvSpillDir: dir, kvSpillBytes: spillMb * 2 ** 20 } : {}),
-  };
-}
-
-/** ", evicted sessions to 1024 MiB of host memory and files" for the serving line. */
-function below(t: KvTierStats | undefined): string {
-  if (!t || (t.host.budgetBytes === 0 && !t.file)) return "";
-  const where = [
-    ...(t.host.budgetBytes ? [`${t.host.budgetBytes / 2 ** 20} MiB of host memory`] : []),
-    ...(t.file ? [`${Math.round(t.file.budgetBytes / 2 ** 20)} MiB of files`] : []),
-  ];
-  return `, evicted sessions to ${where.join(" and ")}`;
-}
+STRATA_KV_SPILL_MB, STRATA_KV_CODEC, STRATA_KV_HOT`;
 
 async function generate(args: string[]): Promise<void> {
   const { values: v } = parseArgs({
@@ -184,6 +114,8 @@ async function generate(args: string[]): Promise<void> {
       chat: { type: "boolean" },
       json: { type: "boolean" },
       "kv-dtype": { type: "string" },
+      "kv-codec": { type: "string" },
+      "kv-hot": { type: "string" },
       "context-length": { type: "string" },
       speculate: { type: "string" },
       quantize: { type: "string" },
@@ -207,6 +139,7 @@ async function generate(args: string[]): Promise<void> {
       : undefined,
     speculate: speculateFlag(v.speculate ?? (Deno.env.get("STRATA_SPECULATE") || undefined)),
     ...quantizeOptions(v.quantize, v["quantize-fallback"]),
+    ...codecOptions(v["kv-codec"], v["kv-hot"]),
   });
   status(`model ${engine.modelId} on ${engine.adapterName}${quantNote(engine.weights.quant)}`);
   const promptIds = v["prompt-ids"] !== undefined
@@ -301,10 +234,6 @@ async function replay(
   }
 }
 
-function hex(x: number): string {
-  return `0x${(x >>> 0).toString(16).padStart(8, "0")}`;
-}
-
 async function serve(args: string[]): Promise<void> {
   const { values: v } = parseArgs({
     args,
@@ -329,6 +258,8 @@ async function serve(args: string[]): Promise<void> {
       "kv-cold": { type: "string" },
       "kv-warm-mb": { type: "string" },
       "kv-sync": { type: "boolean" },
+      "kv-codec": { type: "string" },
+      "kv-hot": { type: "string" },
       speculate: { type: "string" },
       quantize: { type: "string" },
       "quantize-fallback": { type: "string" },
@@ -341,6 +272,7 @@ async function serve(args: string[]): Promise<void> {
   if (v.help) return console.log(USAGE);
   const quantize = quantizeOptions(v.quantize, v["quantize-fallback"]);
   const tiers = tierFlags(v, (k) => Deno.env.get(k) || undefined);
+  const codec = codecOptions(v["kv-codec"], v["kv-hot"]);
   const env = (k: string) => Deno.env.get(k) || undefined;
   const kvPath = v.kv ?? env("STRATA_KV");
   const syncEnv = env("STRATA_KV_SYNC");
@@ -417,6 +349,7 @@ async function serve(args: string[]): Promise<void> {
       : undefined,
     ...quantize,
     ...tiers,
+    ...codec,
   });
   const { createApp } = await import("./routes/app.ts");
   const { listen } = await import("./routes/listen.ts");
@@ -436,8 +369,7 @@ async function serve(args: string[]): Promise<void> {
     onListen: ({ hostname, port }) =>
       console.error(
         `strata: serving ${engine.modelId} on ${engine.adapterName} at http://${hostname}:${port}/` +
-          ` (KV cache: ${engine.kvStats().gpu.total} blocks of 16 tokens, ${engine.kvDtype}` +
-          `${below(engine.kvStats().tiers)}; ` +
+          ` (KV cache: ${kvNote(engine.kvStats())}${below(engine.kvStats().tiers)}; ` +
           `${apiKeys.length} API key${apiKeys.length === 1 ? "" : "s"}` +
           `${quantize.quantize !== "none" ? `; ${quantize.quantize} projections` : ""})`,
       ),

@@ -217,7 +217,19 @@ export interface KvStats {
   blockTokens: number;
   /** Element type of the GPU cache: "f32" or "f16". */
   dtype: string;
+  /** Hot blocks of the GPU pool (full precision) in use, and in all (the trash block aside). */
   gpu: { used: number; total: number };
+  /** What blocks behind the hot window become (`--kv-codec`; "none": they stay as they are). */
+  codec: string;
+  /** Tokens each sequence keeps hot at its end (0 without a codec). */
+  hotTokens: number;
+  /**
+   * Codec blocks of the GPU pool in use, and in all (0 of 0 without a codec), and the blocks
+   * re-encoded into them since the engine started.
+   */
+  codecBlocks: { used: number; total: number; reencoded: number };
+  /** Tokens the GPU pool holds with every block in use, and per GB of its memory (K and V). */
+  capacity: { tokens: number; tokensPerGb: number };
   kv: { used: number };
   fs: { used: number };
   /** KV blocks session snapshots have copied from the GPU, and reused from earlier snapshots. */

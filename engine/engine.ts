@@ -39,6 +39,7 @@ import { decodeBytes, type ModelWeights, uploadWeights } from "./model/weights.t
 import { BLOCK, scopeRoot, SequenceBlocks } from "./kv/blocks.ts";
 import { KvPool } from "./kv/pool.ts";
 import { Runner } from "./runner/runner.ts";
+import { hotWindowItems, Reencoder } from "./runner/reencode.ts";
 import type { SessionStore } from "./sessions/store.ts";
 import { Sessions } from "./sessions/sessions.ts";
 import { type HostStats, Loop } from "./sched/loop.ts";
@@ -47,7 +48,14 @@ import { Sequence } from "./sched/sequence.ts";
 import { SpeculationPolicy, type SpeculationTuning } from "./sched/speculation.ts";
 import { ConstraintCompiler, ConstraintImages } from "./constraints.ts";
 import { replayTurns } from "./replay.ts";
-import { type EngineOptions, poolBlocks, type Settled, settleOptions } from "./options.ts";
+import { kvStatsOf } from "./kv_stats.ts";
+import {
+  codecBlocks,
+  type EngineOptions,
+  poolBlocks,
+  type Settled,
+  settleOptions,
+} from "./options.ts";
 import type { KvTiers } from "./kv/tiers.ts";
 import type { FileTier } from "./kv/tier_file.ts";
 import { buildTiers, openFileTier, profileTiers } from "./tiers_setup.ts";
@@ -88,6 +96,8 @@ export class Engine implements EngineLike {
   readonly #precision: PrecisionPolicy;
   /** The tiers below the GPU (host memory, spill files), when the options ask for them. */
   readonly #tiers?: KvTiers;
+  /** With a KV codec: moves blocks behind the hot window into codec blocks. */
+  readonly #reencoder?: Reencoder;
 
   private constructor(
     readonly gpu: Gpu,
@@ -121,12 +131,16 @@ export class Engine implements EngineLike {
       mode: opts.speculate,
       tuning: parts.speculation,
     });
+    const reencoder = parts.kv.region && new Reencoder(parts.kv, this.runner, opts.kvHot);
+    this.#reencoder = reencoder;
     this.#loop = new Loop({
       runner: this.runner,
       scheduler: this.#sched,
       sessions: this.#sessions,
       speculation: this.#speculation,
       mask: opts.mask,
+      afterRound: reencoder &&
+        (() => reencoder.pass(hotWindowItems(this.#sched.slots, this.#sessions.table))),
     });
     const monitor = this.runner.monitor;
     this.#precision = new PrecisionPolicy({
@@ -182,7 +196,12 @@ export class Engine implements EngineLike {
     const { config: cfg, tokenizer, weights } = model;
     const opts = settleOptions(gpu, cfg, options);
     const numBlocks = poolBlocks(gpu, cfg, opts, options.kvBlocks);
-    const kv = new KvPool(gpu, cfg, { numBlocks, dtype: opts.kvDtype });
+    const kv = new KvPool(gpu, cfg, {
+      numBlocks,
+      dtype: opts.kvDtype,
+      codec: opts.kvCodec,
+      codecBlocks: codecBlocks(gpu, cfg, opts, numBlocks),
+    });
     const compiler = new ConstraintCompiler(tokenizer, cfg.vocabSize);
     const runner = new Runner<Sequence>(gpu, cfg, weights, {
       kv,
@@ -202,15 +221,8 @@ export class Engine implements EngineLike {
     });
     const { precision, store } = options, { pool: _, ...speculation } = options.speculation ?? {};
     const tiers = buildTiers(kv, options, file);
-    return new Engine(gpu, model, opts, {
-      kv,
-      runner,
-      compiler,
-      store,
-      precision,
-      speculation,
-      tiers,
-    });
+    const parts = { kv, runner, compiler, store, precision, speculation, tiers };
+    return new Engine(gpu, model, opts, parts);
   }
 
   encode(text: string): number[] {
@@ -289,50 +301,29 @@ export class Engine implements EngineLike {
   }
 
   kvStats(): KvStats {
-    const snap = this.#sessions.snapshotStats();
-    const stored = this.#sessions.storedBlocks();
-    const pool = this.#kv.blocks;
-    return {
-      blockTokens: BLOCK,
-      dtype: this.kvDtype,
-      gpu: { used: pool.usedCount, total: pool.blocks.length - 1 },
-      // Blocks held by session snapshots in Deno KV (warm) and in files (cold); chunks shared
-      // by sessions count once per session.
-      kv: { used: stored.kv },
-      fs: { used: stored.fs },
-      snapshotBlocks: { copied: snap.blocksCopied, reused: snap.blocksReused },
-      ...(this.#tiers ? { tiers: this.#tiers.stats() } : {}),
-    };
+    return kvStatsOf({
+      kv: this.#kv,
+      sessions: this.#sessions,
+      kvHot: this.opts.kvHot,
+      reencoded: this.#reencoder?.total ?? 0,
+      tiers: this.#tiers,
+    });
   }
 
   speculationStats(): SpeculationStats {
-    const p = this.#speculation;
-    const groups = p.profiles().map(({ name, steps, drafted, accepted, depth }) => ({
-      name,
-      steps,
-      drafted,
-      accepted,
-      depth,
-    }));
-    const why = p.reason ? { pausedBecause: p.reason } : {};
-    return { mode: p.mode, ...why, tripped: p.tripped, ...p.totals, groups };
+    return this.#speculation.stats();
   }
 
   setSpeculation(mode: "off" | "auto"): Promise<void> {
-    if (mode !== "off" && mode !== "auto") {
-      return Promise.reject(
-        new InvalidRequestError(
-          `mode must be "off" or "auto"; got ${JSON.stringify(mode)}`,
-          "mode",
-        ),
-      );
-    }
     try {
+      if (mode !== "off" && mode !== "auto") {
+        throw new Error(`mode must be "off" or "auto"; got ${JSON.stringify(mode)}`);
+      }
       this.#speculation.setMode(mode);
+      return Promise.resolve();
     } catch (e) {
       return Promise.reject(new InvalidRequestError((e as Error).message, "mode"));
     }
-    return Promise.resolve();
   }
 
   session(id: string): SessionInfo | undefined {
@@ -419,7 +410,14 @@ export class Engine implements EngineLike {
     this.#scoring = true; // slot 0 is ours meanwhile: generate() waits (see #scoring)
     try {
       blocks.reserve(ids.length);
-      return await this.runner.score(ids, blocks.table);
+      // With a codec, a block at a time, re-encoding what falls behind the hot window in
+      // between: later chunks read codec blocks as decoding would (docs/kv_codecs.md).
+      const r = this.#reencoder;
+      return await this.runner.score(
+        ids,
+        blocks.table,
+        r ? { chunk: BLOCK, afterChunk: (written) => r.pass([{ blocks, written, slot: 0 }]) } : {},
+      );
     } finally {
       blocks.free();
       this.#scoring = false;

@@ -1,12 +1,13 @@
 /**
  * The engine's options: what each means and its default, settled and checked before anything is
- * allocated (`settleOptions`), and the KV pool's size in blocks (`poolBlocks`).
+ * allocated (`settleOptions`), and the KV pool's size in blocks (`poolBlocks`, `codecBlocks`).
  */
 import type { Gpu } from "../gpu/device.ts";
 import { isCpuAdapter } from "../gpu/device.ts";
 import { KV_BYTES, type KvDtype, type QuantizeMode } from "../gpu/dtype.ts";
 import { type AttentionMask, checkMask } from "../kernels/attention_mask.ts";
 import { MAX_SPEC_ROWS } from "../kernels/speculate.ts";
+import { codecBlockBytes, KV_CODECS, type KvCodec } from "../kernels/kv_codec.ts";
 import { configMask, type ModelConfig } from "./model/config.ts";
 import { BLOCK } from "./kv/blocks.ts";
 import { kvBlockBytes } from "./kv/pool.ts";
@@ -44,6 +45,16 @@ export interface EngineOptions {
    * differ from an f32 cache by rounding (greedy tokens may part at near-ties).
    */
   kvDtype?: KvDtype;
+  /**
+   * What KV blocks behind the hot window become (`--kv-codec`, docs/kv_codecs.md): `none`
+   * (default) keeps every block as `kvDtype`; `f16` (from an f32 cache), `int8`, `bfp4` or
+   * `sign1` re-encodes each whole block older than the newest `kvHot` tokens of its sequence on
+   * the GPU, and attention reads it as it is. Then `kvBlocks` counts hot blocks, and the pool
+   * gets as many bytes again of codec blocks.
+   */
+  kvCodec?: KvCodec;
+  /** Tokens kept at full precision at the end of each sequence with a codec (default 128). */
+  kvHot?: number;
   /** Where sessions are snapshotted after every turn and restored from at load (Deno KV). */
   store?: SessionStore;
   /**
@@ -180,6 +191,8 @@ export function settleOptions(gpu: Gpu, cfg: ModelConfig, options: EngineOptions
     maxSteps: options.maxSteps ?? (isCpuAdapter(gpu) ? 4 : 32),
     queueDepth: options.queueDepth ?? 2,
     kvDtype: options.kvDtype ?? "f32",
+    kvCodec: options.kvCodec ?? "none",
+    kvHot: options.kvHot ?? DEFAULT_HOT,
     kvSync: options.kvSync ?? false,
     speculate: options.speculate ?? "off",
     drafts: options.drafts ?? 4,
@@ -207,12 +220,46 @@ export function settleOptions(gpu: Gpu, cfg: ModelConfig, options: EngineOptions
   if (opts.kvSync && !options.store) {
     throw new Error("--kv-sync needs --kv PATH (the session store it waits for)");
   }
+  checkCodec(cfg, opts, options.kvHot);
   return opts;
 }
 
+/** Tokens kept hot by default: 8 blocks (docs/kv_codecs.md, "The policy"). */
+export const DEFAULT_HOT = 128;
+
 /**
- * Blocks of the KV pool: `kvBlocks`, or by default a memory budget (4096 f32 blocks' worth) and
- * at least one whole context, within one binding.
+ * @throws Error naming --kv-codec or --kv-hot when they do not combine with the model or cache
+ */
+function checkCodec(cfg: ModelConfig, opts: Settled, kvHot: number | undefined): void {
+  if (!KV_CODECS.includes(opts.kvCodec)) {
+    throw new Error(`--kv-codec must be one of ${KV_CODECS.join(", ")}; got '${opts.kvCodec}'`);
+  }
+  if (opts.kvCodec === "none") {
+    if (kvHot !== undefined) {
+      throw new Error("--kv-hot applies with --kv-codec f16|int8|bfp4|sign1");
+    }
+    return;
+  }
+  if (!(Number.isInteger(opts.kvHot) && opts.kvHot >= 0)) {
+    throw new Error(`--kv-hot must be an integer >= 0 (tokens); got ${opts.kvHot}`);
+  }
+  if (opts.kvCodec === "f16" && opts.kvDtype === "f16") {
+    throw new Error(
+      "--kv-codec f16 re-encodes an f32 cache, and --kv-dtype f16 holds every block in f16 " +
+        "already: use --kv-codec int8, bfp4 or sign1",
+    );
+  }
+  if (cfg.headDim % 4 !== 0) {
+    throw new Error(
+      `--kv-codec needs a head dim that is a multiple of 4; this model's is ${cfg.headDim}`,
+    );
+  }
+}
+
+/**
+ * Hot blocks of the KV pool: `kvBlocks`, or by default a memory budget (4096 f32 blocks' worth;
+ * with a codec half of it, the other half holding codec blocks) and at least one whole context,
+ * within one binding.
  *
  * @throws Error when the pool cannot hold one sequence of the context length
  */
@@ -224,7 +271,9 @@ export function poolBlocks(
 ): number {
   const perPool = Math.floor(gpu.maxBinding / kvBlockBytes(cfg, opts.kvDtype));
   // The default is a memory budget, 4096 f32 blocks' worth: an f16 cache holds twice the tokens.
-  const budget = Math.floor((4096 * KV_BYTES.f32) / KV_BYTES[opts.kvDtype]);
+  // With a codec, half of it is hot and the codec blocks take the other half (codecBlocks).
+  const codec = opts.kvCodec !== "none";
+  const budget = Math.floor((4096 * KV_BYTES.f32) / KV_BYTES[opts.kvDtype] / (codec ? 2 : 1));
   if (
     kvBlocks !== undefined &&
     !(Number.isInteger(kvBlocks) && kvBlocks >= 2)
@@ -233,8 +282,10 @@ export function poolBlocks(
   }
   const need = Math.ceil(opts.contextLength / BLOCK) + 1;
   // By default room for one whole context at least, where one binding holds it (a 128k
-  // TinyLlama context in f16 takes 8193 blocks).
-  const numBlocks = Math.min(kvBlocks ?? Math.max(budget, need), perPool);
+  // TinyLlama context in f16 takes 8193 blocks); with a codec, the hot blocks take at most half
+  // of the binding the codec blocks share with them.
+  const cap = codec ? Math.floor(perPool / 2) : perPool;
+  const numBlocks = Math.min(kvBlocks ?? Math.max(Math.min(budget, cap), need), perPool);
   if (numBlocks < need) {
     throw new Error(
       `KV pool of ${numBlocks} blocks cannot hold one ${opts.contextLength}-token sequence; ` +
@@ -245,6 +296,27 @@ export function poolBlocks(
     );
   }
   return numBlocks;
+}
+
+/**
+ * Codec blocks after `hot` hot blocks: as many bytes as the hot blocks take, within the binding
+ * the pool shares with them (0 without a codec).
+ *
+ * @throws Error when the hot blocks leave no room for a whole context of codec blocks
+ */
+export function codecBlocks(gpu: Gpu, cfg: ModelConfig, opts: Settled, hot: number): number {
+  if (opts.kvCodec === "none") return 0;
+  const hotBytes = hot * kvBlockBytes(cfg, opts.kvDtype);
+  const n = Math.floor(
+    Math.min(hotBytes, gpu.maxBinding - hotBytes) / codecBlockBytes(cfg, opts.kvCodec),
+  );
+  if (n < Math.ceil(opts.contextLength / BLOCK)) {
+    throw new Error(
+      `--kv-codec ${opts.kvCodec}: ${hot} hot blocks leave room in one binding for ${n} ` +
+        `codec blocks, not one ${opts.contextLength}-token context's; lower --kv-blocks`,
+    );
+  }
+  return n;
 }
 
 /**

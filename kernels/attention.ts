@@ -14,6 +14,7 @@ import { type Gpu, isCpuAdapter } from "../gpu/device.ts";
 import { bindGroup, type Dispatch, params, uniform } from "../gpu/dispatch.ts";
 import { pipeline, wgsl } from "./pipeline.ts";
 import { type AttentionMask, CAUSAL, maskConstants, maskLabel } from "./attention_mask.ts";
+import { codecConstants, type KvCodecRegion } from "./kv_codec.ts";
 
 const BLOCK = 16;
 /** Most threads per workgroup (WebGPU's default `maxComputeInvocationsPerWorkgroup`). */
@@ -203,6 +204,11 @@ export interface AttentionOptions {
   tileKeys?: number;
   /** Element type of the pools (default f32). */
   kvDtype?: KvDtype;
+  /**
+   * Codec blocks in the pools (kernels/kv_codec.ts; head dims that are multiples of 4): keys in
+   * blocks from `codec.hot` on are decoded as they load. Default none.
+   */
+  codec?: KvCodecRegion;
   /** Expand the kernel's `// @unroll` loops (default true; false to measure the plain loops). */
   unroll?: boolean;
   /** Which keys a query sees (default causal), compiled into the pipeline. */
@@ -237,6 +243,11 @@ export function attentionDispatch(
       `internal error: attention tokens ${tokens}, heads ${nHeads}/${nKvHeads}, head dim ${D}`,
     );
   }
+  if (opts.codec && D % 4 !== 0) {
+    throw new Error(
+      `internal error: codec blocks need a head dim that is a multiple of 4; got ${D}`,
+    );
+  }
   if (tokens > maxBlocks * BLOCK || layer >= nLayers) {
     throw new Error(
       `internal error: attention over ${tokens} positions, table of ${maxBlocks} ` +
@@ -268,8 +279,9 @@ export function attentionDispatch(
       BC: tile.keys,
       KV16: kv16 ? 1 : 0,
       ...maskConstants(mask),
+      ...codecConstants(opts.codec),
     },
-    prelude: wgsl("attention_mask.wgsl"),
+    prelude: wgsl("attention_mask.wgsl") + wgsl("kv_codec_common.wgsl"),
     unroll: opts.unroll,
   });
   const u = uniform(
@@ -287,7 +299,8 @@ export function attentionDispatch(
   );
   const b = buffers;
   return {
-    label: `attention T≤${tokens} ${nHeads}/${nKvHeads}x${D}${kv16 ? " kv f16" : ""} ` +
+    label: `attention T≤${tokens} ${nHeads}/${nKvHeads}x${D}${kv16 ? " kv f16" : ""}` +
+      `${opts.codec ? ` ${opts.codec.codec}@${opts.codec.hot}` : ""} ` +
       `L${layer} ${mask.kind === "causal" ? "" : `${maskLabel(mask)} `}` +
       `tile ${tile.rows}x${tile.keys}/${tile.wg}`,
     pipeline: pipe,

@@ -52,6 +52,9 @@
 // aligned), assembled into vec4 in workgroup memory, zero-padded past HD. The wrapper picks small
 // tiles, and more threads per tile, on Mesa llvmpipe through GL, where compile time grows steeply
 // with workgroup memory and code size; it is the same code.
+//
+// Codec blocks (ids from KV_HOT on, kv_codec_common.wgsl; only with a head dim that is a
+// multiple of 4) are decoded as their items load; with KV_CODEC 0 that branch compiles out.
 
 override HD: u32 = 64u; // head_dim
 override BR: u32 = 32u; // rows per workgroup, a multiple of 4
@@ -131,6 +134,14 @@ fn stage(t: u32, span: vec3<u32>, limit: u32, slot: u32, lid: u32) {
   }
 }
 
+// Word w of the K (or V) pool (codec blocks: kv_codec_common.wgsl, prepended by the wrapper).
+fn pool_word(is_v: bool, w: u32) -> u32 {
+  if (is_v) {
+    return v_pool[w];
+  }
+  return k_pool[w];
+}
+
 // One element of the K (or V) pool, or 0 when `ok` is false.
 fn pool_at(is_v: bool, i: u32, ok: bool) -> f32 {
   if (!ok) {
@@ -168,6 +179,10 @@ fn pool_item(is_v: bool, e: u32, at: TileAt, kvh: u32) -> vec4<f32> {
     return vec4<f32>(0.0);
   }
   let b = blocks[at.par * BPC + (key0 % BLOCK + j) / BLOCK];
+  if (KV_CODEC != 0u && b >= KV_HOT) {
+    let hb = codec_head(b, p.layer * p.n_kv_heads + kvh, p.n_layers * p.n_kv_heads);
+    return codec_vec4(is_v, hb, (key0 + j) % BLOCK, d);
+  }
   let head = (b * p.n_layers + p.layer) * p.n_kv_heads + kvh;
   let i = (head * BLOCK + (key0 + j) % BLOCK) * HD + d;
   let full = HD % 4u == 0u; // a constant once HD is: no per-element test

@@ -16,6 +16,7 @@ import { createStorage, type Gpu, isCpuAdapter } from "../gpu/device.ts";
 import { bindGroup, type Dispatch, params, uniform } from "../gpu/dispatch.ts";
 import { pipeline, wgsl } from "./pipeline.ts";
 import { CAUSAL, maskConstants, maskLabel } from "./attention_mask.ts";
+import { codecConstants, type KvCodecRegion } from "./kv_codec.ts";
 
 import {
   type AttentionDecodeScratchOptions,
@@ -95,6 +96,11 @@ export interface AttentionDecodeOptions extends AttentionDecodeScratchOptions {
   maxTileBytes?: number;
   /** Element type of the pools (default f32). */
   kvDtype?: KvDtype;
+  /**
+   * Codec blocks in the pools (kernels/kv_codec.ts): keys in blocks from `codec.hot` on are
+   * decoded on load. Default none: the pools hold only hot blocks, and no codec code is compiled.
+   */
+  codec?: KvCodecRegion;
   /** Expand the kernels' `// @unroll` loops (default true; false to measure the plain loops). */
   unroll?: boolean;
   /**
@@ -179,18 +185,26 @@ export function attentionDecodeGeometry(
 /**
  * The kernel's view of a pool element by cache dtype: `KV` holds one vec4 of a key row (4 f32, or
  * 4 halves packed two per u32 as `pack2x16float` leaves them), `kv_get` widens it, `kv_put`
- * rounds to it.
+ * rounds to it; `pool_word` reads word w of a pool (codec blocks, kernels/kv_codec_common.wgsl).
  */
 const KV_PRELUDE: Record<KvDtype, string> = {
   f32: `
 alias KV = vec4<f32>;
 fn kv_get(v: KV) -> vec4<f32> { return v; }
 fn kv_put(v: vec4<f32>) -> KV { return v; }
+fn pool_word(is_v: bool, w: u32) -> u32 {
+  if (is_v) { return bitcast<u32>(v_pool[w / 4u][w % 4u]); }
+  return bitcast<u32>(k_pool[w / 4u][w % 4u]);
+}
 `,
   f16: `
 alias KV = vec2<u32>;
 fn kv_get(v: KV) -> vec4<f32> { return vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)); }
 fn kv_put(v: vec4<f32>) -> KV { return vec2<u32>(pack2x16float(v.xy), pack2x16float(v.zw)); }
+fn pool_word(is_v: bool, w: u32) -> u32 {
+  if (is_v) { return v_pool[w / 2u][w % 2u]; }
+  return k_pool[w / 2u][w % 2u];
+}
 `,
 };
 
@@ -278,7 +292,8 @@ export function attentionDecodeDispatches(
     ]),
   );
   const b = buffers;
-  const kv = opts.kvDtype === "f16" ? " kv f16" : "";
+  const kv = (opts.kvDtype === "f16" ? " kv f16" : "") +
+    (opts.codec ? ` ${opts.codec.codec}@${opts.codec.hot}` : "");
   const masked = mask.kind === "causal" ? "" : ` ${maskLabel(mask)}`;
   const label = `attention_decode S${seqs} ${nHeads}/${nKvHeads}x${D}${kv}${masked} L${layer} ` +
     `${geo.rows}x${geo.keys}/${geo.wg}`;
@@ -342,7 +357,8 @@ function decodePipelines(gpu: Gpu, opts: DecodeWarmOptions): DecodePipelines {
   });
   const mask = opts.mask ?? CAUSAL;
   const common = wgsl("attention_mask.wgsl") + wgsl("attention_decode_common.wgsl");
-  const prelude = wgsl("rope_common.wgsl") + KV_PRELUDE[opts.kvDtype ?? "f32"] + common;
+  const prelude = wgsl("rope_common.wgsl") + KV_PRELUDE[opts.kvDtype ?? "f32"] +
+    wgsl("kv_codec_common.wgsl") + common;
   const rows = opts.rowsPerSeq && opts.rowsPerSeq > 1;
   const main = pipeline(gpu, "attention_decode.wgsl", {
     constants: {
@@ -351,6 +367,7 @@ function decodePipelines(gpu: Gpu, opts: DecodeWarmOptions): DecodePipelines {
       ROWS: geo.rows,
       RPR: geo.rpr,
       ...maskConstants(mask),
+      ...codecConstants(opts.codec),
       ...(rows ? { SEQ_ROWS: opts.rowsPerSeq!, WRITE_KV: 0 } : {}),
     },
     prelude,

@@ -62,7 +62,9 @@
 // writes `dst`, which is `out` in a single pass and the partials when split.
 
 // attention_decode_common.wgsl (prepended, after attention_mask.wgsl): WG, HD, D4, KEYS, NEG,
-// TPK, Params, p, seq_len, dst, head_row, decode_span, key_seen.
+// TPK, Params, p, seq_len, dst, head_row, decode_span, key_seen. kv_codec_common.wgsl: KV_CODEC,
+// KV_HOT, CODEC_ROW, codec_row, codec_load (KV_CODEC 0, no codec, compiles them out). The new
+// token's K and V always go to a hot block: only blocks behind the hot window are re-encoded.
 
 // Query rows per sequence (verification passes): row s reads sequence s / SEQ_ROWS's table.
 override SEQ_ROWS: u32 = 1u;
@@ -117,9 +119,13 @@ fn k_elem(ks: u32, e: u32, position: u32) -> f32 {
 }
 
 // Vec4 offset of key `j` of the chunk of visit t of kv head `kvh`; the chunk's blocks are staged
-// in `blocks` by visit parity.
+// in `blocks` by visit parity. A codec block's row is a tagged address instead (codec_row), and
+// k_at / v_at decode it on load (kv_codec_common.wgsl, prepended by the wrapper).
 fn key_row(t: u32, j: u32, kvh: u32) -> u32 {
   let b = blocks[(t & 1u) * BPC + j / BLOCK];
+  if (KV_CODEC != 0u && b >= KV_HOT) {
+    return codec_row(b, p.layer * p.n_kv_heads + kvh, p.n_layers * p.n_kv_heads, j % BLOCK);
+  }
   return (((b * p.n_layers + p.layer) * p.n_kv_heads + kvh) * BLOCK + j % BLOCK) * D4;
 }
 
@@ -129,7 +135,11 @@ fn v_at(t: u32, key0: u32, j: u32, d4: u32, len: u32, kvh: u32) -> vec4<f32> {
   if (j >= KEYS || d4 >= D4 || !key_seen(key0 + j, len)) {
     return vec4<f32>(0.0);
   }
-  return kv_get(v_pool[key_row(t, j, kvh) + d4]);
+  let row = key_row(t, j, kvh);
+  if (KV_CODEC != 0u && row >= CODEC_ROW) {
+    return codec_load(true, row, d4 * 4u);
+  }
+  return kv_get(v_pool[row + d4]);
 }
 
 // Physical block of 16-key block b of chunk ch (absolute) of slot s; 0 past the slot's keys
@@ -145,6 +155,9 @@ fn block_of(s: u32, ch: u32, b: u32, len: u32) -> u32 {
 fn k_at(base: u32, y: u32, kpart: u32) -> vec4<f32> {
   if (y * TPK + kpart >= D4) {
     return vec4<f32>(0.0);
+  }
+  if (KV_CODEC != 0u && base >= CODEC_ROW) {
+    return codec_load(false, base, (y * TPK + kpart) * 4u);
   }
   return kv_get(k_pool[base + y * TPK + kpart]);
 }

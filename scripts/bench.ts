@@ -40,6 +40,7 @@ import { BenchProgress } from "./bench_progress.ts";
 import { speculationMain } from "./bench_speculation.ts";
 import { constrainedMain } from "./bench_constrained.ts";
 import { resumeMain } from "./bench_resume.ts";
+import { codecsMain, kvCodecResult } from "./bench_codecs.ts";
 
 import type { BenchResult, Lag, SessionsResult, WorkerResult } from "./bench_result.ts";
 
@@ -112,6 +113,8 @@ async function measure(o: Checked, ctx: MeasureContext): Promise<BenchResult> {
     queueDepth: o.queueDepth,
     maxChunk: o.maxChunk,
     kvDtype: o.kvDtype,
+    kvCodec: o.kvCodec,
+    ...(o.kvHot !== undefined ? { kvHot: o.kvHot } : {}),
     store,
   };
   const q = o.quantize !== "none" ? `, ${o.quantize}` : "";
@@ -198,6 +201,7 @@ async function measure(o: Checked, ctx: MeasureContext): Promise<BenchResult> {
     layers_16bit: precision.layers.filter((l) => l.fellBack).length,
     layers_out_of_range: precision.layers.filter((l) => l.outOfRange > 0).length,
     kv_dtype: o.kvDtype,
+    ...kvCodecResult(engine),
     batch: o.batch,
     prompt_len: o.promptLen,
     new_tokens: o.newTokens,
@@ -434,6 +438,7 @@ export async function main(args: string[]): Promise<void> {
   if (args.includes("--resume")) return await resumeMain(args);
   const flags = parseFlags(args);
   if (flags.help) return console.log(USAGE);
+  if (flags.codecs.length) return await codecsMain(flags, runBench);
   const result = await runBench(flags.options);
   console.log(formatTable(result));
   if (flags.out) {

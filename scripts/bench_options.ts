@@ -7,6 +7,7 @@ import { parseArgs } from "node:util";
 import type { Gpu } from "../gpu/device.ts";
 import { type KvDtype, parseKvDtype, parseQuantize, type QuantizeMode } from "../gpu/dtype.ts";
 import type { BenchProgress } from "./bench_progress.ts";
+import { type KvCodec, parseKvCodec } from "../kernels/kv_codec.ts";
 
 /** The embedded default model (also the tokenizer of the synthetic shapes). */
 export const DEFAULT_MODEL = new URL("../models/strata-default", import.meta.url).pathname;
@@ -35,6 +36,13 @@ export interface BenchOptions {
   dtype?: "f16" | "bf16";
   /** Element type of the KV cache (default f32, the engine's). */
   kvDtype?: KvDtype;
+  /**
+   * What KV blocks behind the hot window become (default none; `--kv-codec`, docs/kv_codecs.md).
+   * The pool's hot blocks are the same as without one; the codec blocks come on top.
+   */
+  kvCodec?: KvCodec;
+  /** Tokens each sequence keeps hot with a codec (default: the engine's, 128). */
+  kvHot?: number;
   /** Quantize the projections at load (default none; `--quantize`). */
   quantize?: QuantizeMode;
   /**
@@ -78,13 +86,17 @@ export interface BenchOptions {
 /** {@linkcode BenchOptions} with every default filled in. */
 export type Checked =
   & Required<
-    Omit<BenchOptions, "shape" | "gpu" | "readBytes" | "queueDepth" | "maxChunk" | "progress">
+    Omit<
+      BenchOptions,
+      "shape" | "gpu" | "readBytes" | "queueDepth" | "maxChunk" | "progress" | "kvHot"
+    >
   >
   & {
     shape?: string;
     readBytes?: number;
     queueDepth?: number;
     maxChunk?: number;
+    kvHot?: number;
     /** The defaults used were a CPU adapter's. */
     cpu: boolean;
   };
@@ -113,6 +125,10 @@ export function checkOptions(o: BenchOptions): void {
   if (o.quantizeFallback !== undefined && quantize === "none") {
     throw new Error("--quantize-fallback applies with --quantize int8 or e4m3");
   }
+  if (o.kvCodec !== undefined) parseKvCodec(o.kvCodec);
+  if (o.kvHot !== undefined && (o.kvCodec ?? "none") === "none") {
+    throw new Error("--kv-hot applies with --kv-codec f16|int8|bfp4|sign1");
+  }
   for (const b of o.batch ?? []) {
     if (!Number.isInteger(b) || b < 1) throw new Error(`--batch sizes must be ≥ 1; got ${b}`);
   }
@@ -123,6 +139,7 @@ export function checkOptions(o: BenchOptions): void {
     ["--queue-depth", o.queueDepth, 1],
     ["--prompt-len", o.promptLen, 1],
     ["--prefill-runs", o.prefillRuns, 1],
+    ["--kv-hot", o.kvHot, 0],
   ];
   for (const [flag, v, min] of counts) {
     if (!isCount(v, min)) throw new Error(`${flag} must be an integer ≥ ${min}; got ${v}`);
@@ -149,6 +166,8 @@ export function withDefaults(o: BenchOptions, cpu: boolean): Checked {
     newTokens: o.newTokens ?? d.newTokens,
     dtype: o.dtype ?? "f16",
     kvDtype: parseKvDtype(o.kvDtype),
+    kvCodec: parseKvCodec(o.kvCodec),
+    kvHot: o.kvHot,
     quantize: parseQuantize(o.quantize),
     quantizeFallback: o.quantizeFallback ?? true,
     profile: o.profile ?? false,
@@ -196,6 +215,11 @@ and B on a CPU adapter; flags given always win.
                        fallback (on, default) or free them (off: no layer runs at 16 bits,
                        the speed of the quantized kernels alone; the table says so)
   --kv-dtype f32|f16   element type of the KV cache (default f32)
+  --kv-codec LIST      what KV blocks behind the hot window become: none, f16, int8, bfp4,
+                       sign1 (default none; docs/kv_codecs.md). Several, comma-separated, run
+                       the whole bench once per codec, each with a fresh engine, then print a
+                       table of them side by side (--out writes {"runs": [...]})
+  --kv-hot N           tokens each sequence keeps at full precision with a codec (default 128)
   --batch LIST         decode batch sizes, comma-separated; 1 is always added
                        (default ${list(GPU_DEFAULTS.batch)}; CPU ${list(CPU_DEFAULTS.batch)})
   --prompt-len N       prompt tokens per request (default ${GPU_DEFAULTS.promptLen}; CPU ${CPU_DEFAULTS.promptLen})
@@ -223,11 +247,14 @@ Examples:
   deno task bench                                   # the default model, adapter defaults
   deno task bench --shape tinyllama-1.1b --batch 1,8,32 --out bench.json
   deno task bench --shape llama-7b --quantize int8 --prompt-len 512
-  deno task bench --shape tinyllama-1.1b --quantize int8 --quantize-fallback off --batch 1,8,32`;
+  deno task bench --shape tinyllama-1.1b --quantize int8 --quantize-fallback off --batch 1,8,32
+  deno task bench --shape tinyllama-1.1b --kv-codec none,int8,bfp4 --prompt-len 1024`;
 
 /** The parsed command line of `deno task bench`. */
 export interface BenchFlags {
   options: BenchOptions;
+  /** `--kv-codec`'s list (one run per codec; empty: the one run of `options`). */
+  codecs: KvCodec[];
   out?: string;
   help: boolean;
 }
@@ -268,6 +295,8 @@ export function parseFlags(args: string[]): BenchFlags {
       "prefill-runs": { type: "string" },
       dtype: { type: "string" },
       "kv-dtype": { type: "string" },
+      "kv-codec": { type: "string" },
+      "kv-hot": { type: "string" },
       quantize: { type: "string" },
       "quantize-fallback": { type: "string" },
       profile: { type: "boolean" },
@@ -295,6 +324,7 @@ export function parseFlags(args: string[]): BenchFlags {
     prefillRuns: intFlag("prefill-runs", v["prefill-runs"]),
     dtype: v.dtype as BenchOptions["dtype"],
     kvDtype: v["kv-dtype"] as KvDtype | undefined,
+    kvHot: intFlag("kv-hot", v["kv-hot"]),
     quantize: v.quantize as QuantizeMode | undefined,
     quantizeFallback: fallback === undefined ? undefined : fallback === "on",
     profile: v.profile,
@@ -305,5 +335,10 @@ export function parseFlags(args: string[]): BenchFlags {
     kvWarmMb: intFlag("kv-warm-mb", v["kv-warm-mb"]),
     worker: v.worker,
   };
-  return { options, out: v.out, help: v.help ?? false };
+  const codecs = v["kv-codec"]?.split(",").map((c) => parseKvCodec(c.trim())) ?? [];
+  if (codecs.length === 1) options.kvCodec = codecs[0];
+  else if (options.kvHot !== undefined && codecs.every((c) => c === "none")) {
+    throw new Error("--kv-hot applies with --kv-codec f16|int8|bfp4|sign1");
+  }
+  return { options, codecs: codecs.length > 1 ? codecs : [], out: v.out, help: v.help ?? false };
 }

@@ -278,7 +278,12 @@ export function formatTable(r: BenchResult): string {
         : ` (projections ${r.quantize}, fallback off: every layer at 8 bits; ` +
           `${r.layers_out_of_range} out of the monitor's range)`
       : "") +
-    `, ${r.kv_dtype} KV cache`,
+    `, ${r.kv_dtype} KV cache` +
+    (r.kv_codec !== "none"
+      ? ` (${r.kv_codec} behind the newest ${r.kv_hot} tokens, ${r.kv_reencoded} blocks ` +
+        `re-encoded)`
+      : "") +
+    `, ${Math.round(r.kv_tokens_per_gb)} tokens per GB of KV`,
     ...(r.cpu_adapter
       ? ["(a CPU adapter: flags not given took its smaller defaults; see deno task bench --help)"]
       : []),

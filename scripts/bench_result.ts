@@ -58,6 +58,15 @@ export interface BenchResult {
   /** Layers the monitor found out of range at least once (run quantized when the fallback is off). */
   layers_out_of_range: number;
   kv_dtype: KvDtype;
+  /** `--kv-codec`: what blocks behind the hot window became ("none": nothing). */
+  kv_codec: string;
+  /** Tokens each sequence kept hot (0 without a codec). */
+  kv_hot: number;
+  /** Blocks re-encoded into codec blocks during the run. */
+  kv_reencoded: number;
+  /** Tokens the GPU pool holds with every block in use (hot and codec), and per GB of it. */
+  kv_capacity_tokens: number;
+  kv_tokens_per_gb: number;
   batch: number[];
   prompt_len: number;
   new_tokens: number;

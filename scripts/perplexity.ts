@@ -3,15 +3,19 @@
  * windows of `--context` tokens, and each window is scored on the GPU from scratch (every token
  * given the ones before it in its window: `Engine.score`); perplexity is exp of the mean negative
  * log-likelihood over every predicted token. Progress on stderr (a terminal only); the last line
- * of stdout is `{"tokens": N, "ppl": x}` with `--json`.
+ * of stdout is `{"tokens": N, "ppl": x}` with `--json`. With `--kv-codec`, what scoring reads
+ * is what decoding would: each window is scored a block (16 tokens) at a time and the blocks
+ * behind the hot window are re-encoded in between (docs/kv_codecs.md).
  *
  *   deno task perplexity [--model DIR] [--file TEXT] [--context N] [--max-tokens N]
- *                        [--max-chunk N] [--kv-dtype f32|f16] [--quantize int8|e4m3|none] [--json]
+ *                        [--max-chunk N] [--kv-dtype f32|f16] [--kv-codec C] [--kv-hot N]
+ *                        [--quantize int8|e4m3|none] [--json]
  */
 import { parseArgs } from "node:util";
 import { Engine } from "../engine/engine.ts";
 import { status } from "../engine/model/progress.ts";
 import { parseKvDtype, parseQuantize } from "../gpu/dtype.ts";
+import { parseKvCodec } from "../kernels/kv_codec.ts";
 
 const DEFAULT_MODEL = new URL("../models/strata-default", import.meta.url).pathname;
 const DEFAULT_FILE = new URL("../models/strata-default/val_sample.txt", import.meta.url).pathname;
@@ -28,10 +32,18 @@ const HELP = `deno task perplexity: perplexity of a model on a text
                      adapter, 512 on a GPU); 16 or fewer score through the decode kernel
                      (small: int8 with x rounded per 16 k) instead of the prefill ones
   --kv-dtype f32|f16 element type of the KV cache (default f32; env STRATA_KV_DTYPE)
+  --kv-codec C       none (default), f16, int8, bfp4 or sign1: blocks older than the newest
+                     --kv-hot tokens are re-encoded on the GPU and read as they are
+                     (docs/kv_codecs.md); each window is then scored 16 tokens at a time, the
+                     blocks behind the hot window re-encoded in between, as decoding would
+                     (env STRATA_KV_CODEC)
+  --kv-hot N         tokens kept at full precision with a codec (default 128; env
+                     STRATA_KV_HOT)
   --quantize MODE    int8 or e4m3: quantize the layers' projections at load (one scale per row;
                      prefill runs int8 x int8); none (default) keeps them as loaded. The
                      precision monitor may run a layer at 16 bits: the result line says so
-  --json             print {"tokens": N, "ppl": x} as the last line of stdout
+  --json             print {"tokens": N, "ppl": x, ...} as the last line of stdout (also the
+                     quantize mode, kv_dtype, kv_codec, kv_hot and the window)
   --help             this text
 
 Prints the perplexity, the mean negative log-likelihood (nats per token) and bits per byte.`;
@@ -64,6 +76,13 @@ export async function perplexity(
   return { tokens, nll: nll / tokens, ppl: Math.exp(nll / tokens) };
 }
 
+/** ", KV int8 behind the newest 64 tokens (600 blocks re-encoded)" (nothing without a codec). */
+function codecNote(engine: Engine): string {
+  const kv = engine.kvStats();
+  return kv.codec === "none" ? "" : `, KV ${kv.codec} behind the newest ${kv.hotTokens} tokens ` +
+    `(${kv.codecBlocks.reencoded} blocks re-encoded)`;
+}
+
 /** ", int8 weights, 2 of 8 layers at 16 bits" (nothing for an unquantized model). */
 function precisionNote(engine: Engine): string {
   const p = engine.precisionStats();
@@ -83,6 +102,8 @@ if (import.meta.main) {
         "max-tokens": { type: "string" },
         "max-chunk": { type: "string" },
         "kv-dtype": { type: "string" },
+        "kv-codec": { type: "string" },
+        "kv-hot": { type: "string" },
         quantize: { type: "string" },
         json: { type: "boolean" },
         help: { type: "boolean" },
@@ -100,11 +121,20 @@ if (import.meta.main) {
     const context = positive("context", v.context);
     const maxTokens = positive("max-tokens", v["max-tokens"]);
     const maxChunk = positive("max-chunk", v["max-chunk"]);
+    const env = (k: string) => Deno.env.get(k) || undefined;
+    const kvCodec = parseKvCodec(v["kv-codec"] ?? env("STRATA_KV_CODEC"));
+    const hot = v["kv-hot"] ?? env("STRATA_KV_HOT");
+    const kvHot = hot === undefined ? undefined : Number(hot);
+    if (kvHot !== undefined && !(Number.isInteger(kvHot) && kvHot >= 0)) {
+      throw new Error(`--kv-hot must be an integer >= 0; got '${hot}'`);
+    }
     const engine = await Engine.load(model, {
       maxSlots: 1,
       contextLength: context,
       maxChunk,
-      kvDtype: parseKvDtype(v["kv-dtype"] ?? (Deno.env.get("STRATA_KV_DTYPE") || undefined)),
+      kvDtype: parseKvDtype(v["kv-dtype"] ?? env("STRATA_KV_DTYPE")),
+      kvCodec,
+      ...(kvHot !== undefined ? { kvHot } : {}),
       quantize: parseQuantize(v.quantize),
     });
     const window = context ?? Math.min(engine.contextLength, 1024);
@@ -123,11 +153,20 @@ if (import.meta.main) {
       `perplexity ${r.ppl.toFixed(4)} (${r.tokens} tokens predicted, mean NLL ${
         r.nll.toFixed(4)
       } nats, ${bpb.toFixed(4)} bits/byte, ${((performance.now() - t0) / 1000).toFixed(1)} s, ` +
-        `${engine.adapterName}${precisionNote(engine)})`,
+        `${engine.adapterName}${precisionNote(engine)}${codecNote(engine)})`,
     );
     if (v.json) {
-      const quantize = engine.weights.quant.mode;
-      console.log(JSON.stringify({ tokens: r.tokens, ppl: r.ppl, quantize }));
+      const quantize = engine.weights.quant.mode, kv = engine.kvStats();
+      console.log(JSON.stringify({
+        tokens: r.tokens,
+        ppl: r.ppl,
+        quantize,
+        kv_dtype: kv.dtype,
+        kv_codec: kv.codec,
+        kv_hot: kv.hotTokens,
+        kv_reencoded: kv.codecBlocks.reencoded,
+        context: window,
+      }));
     }
   } catch (e) {
     console.error(`perplexity: ${e instanceof Error ? e.message : e}`);

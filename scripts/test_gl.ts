@@ -20,6 +20,7 @@ export const GL_FILES = [
   "tests/kernels_fingerprint_test.ts",
   "tests/kernels_cross_check_test.ts",
   "tests/speculate_kernels_test.ts",
+  "tests/kernels_kv_codec_test.ts",
 ];
 
 /** What the GL runs add to the environment. */

@@ -53,16 +53,24 @@ export class OutOfBlocksError extends Error {
   }
 }
 
-/** A pool of `numBlocks` GPU blocks. Block 0 is reserved as the trash block (never allocated). */
+/**
+ * A pool of `numBlocks` GPU blocks, and `codecBlocks` more (ids from `numBlocks` on) that hold
+ * blocks re-encoded by a KV codec behind the hot window (engine/kv/recency.ts). Block 0 is
+ * reserved as the trash block (never allocated).
+ */
 export class BlockPool {
   readonly blocks: Block[];
   readonly trash = 0;
+  /** Hot blocks: ids `[0, hot)`; codec blocks are the ids from `hot` on. */
+  readonly hot: number;
   #free: number[] = [];
+  #codecFree: number[] = [];
   #byHash = new Map<bigint, number>();
 
-  constructor(numBlocks: number) {
+  constructor(numBlocks: number, codecBlocks = 0) {
     if (numBlocks < 2) throw new Error(`internal error: pool needs >= 2 blocks, got ${numBlocks}`);
-    this.blocks = Array.from({ length: numBlocks }, (_, id) => ({
+    this.hot = numBlocks;
+    this.blocks = Array.from({ length: numBlocks + codecBlocks }, (_, id) => ({
       id,
       refCount: id === 0 ? 1 : 0,
       hash: 0n,
@@ -72,20 +80,55 @@ export class BlockPool {
     }));
     // Lowest ids first keeps small tests readable; order after that is LRU (push on free).
     for (let i = numBlocks - 1; i >= 1; i--) this.#free.push(i);
+    for (let i = numBlocks + codecBlocks - 1; i >= numBlocks; i--) this.#codecFree.push(i);
   }
 
-  /** Blocks not referenced by any sequence (cached ones included). */
+  /** Hot blocks not referenced by any sequence (cached ones included). */
   get freeCount(): number {
     return this.#free.length;
   }
 
+  /** Hot blocks in use (the trash block aside). */
   get usedCount(): number {
-    return this.blocks.length - 1 - this.#free.length;
+    return this.hot - 1 - this.#free.length;
   }
 
-  /** Takes a free block (the least recently freed), dropping any cached content it had. */
+  /** Codec blocks not referenced by any sequence. */
+  get codecFreeCount(): number {
+    return this.#codecFree.length;
+  }
+
+  /** Codec blocks in use. */
+  get codecUsedCount(): number {
+    return this.blocks.length - this.hot - this.#codecFree.length;
+  }
+
+  /** Whether block `id` is a codec block. */
+  isCodec(id: number): boolean {
+    return id >= this.hot;
+  }
+
+  /** The free list block `id` goes back to. */
+  #listOf(id: number): number[] {
+    return id >= this.hot ? this.#codecFree : this.#free;
+  }
+
+  /** Takes a free hot block (the least recently freed), dropping any cached content it had. */
   allocate(): number {
-    const id = this.#free.shift();
+    return this.#take(this.#free);
+  }
+
+  /**
+   * Takes a free codec block, dropping any cached content it had.
+   *
+   * @throws OutOfBlocksError when none is free
+   */
+  allocateCodec(): number {
+    return this.#take(this.#codecFree);
+  }
+
+  #take(list: number[]): number {
+    const id = list.shift();
     if (id === undefined) throw new OutOfBlocksError(1, 0);
     const b = this.blocks[id];
     if (b.hash !== 0n && this.#byHash.get(b.hash) === id) this.#byHash.delete(b.hash);
@@ -101,6 +144,24 @@ export class BlockPool {
     return b.tokens.length === tokens.length && b.tokens.every((t, i) => t === tokens[i]);
   }
 
+  /**
+   * Hands block `from`'s content (its one reference, hash and tokens) to `to`, a block just
+   * allocated that now holds the same KV (re-encoded): prefix lookups find `to` from now on, and
+   * `from` goes back to the pool with nothing cached.
+   *
+   * @throws Error ("internal error") when `from` is not held by exactly one sequence
+   */
+  move(from: number, to: number): void {
+    const a = this.blocks[from], b = this.blocks[to];
+    if (a.refCount !== 1 || b.refCount !== 1) {
+      throw new Error(`internal error: move of block ${from} (refs ${a.refCount}) to ${to}`);
+    }
+    Object.assign(b, { hash: a.hash, tokens: a.tokens });
+    if (a.hash !== 0n && this.#byHash.get(a.hash) === from) this.#byHash.set(a.hash, to);
+    Object.assign(a, { hash: 0n, tokens: [] });
+    this.release(from);
+  }
+
   /** Looks up a full block by content; on a hit takes a reference to it. */
   lookup(hash: bigint, tokens: number[]): number | undefined {
     const id = this.#byHash.get(hash);
@@ -109,7 +170,10 @@ export class BlockPool {
     if (b.tokens.length !== tokens.length || b.tokens.some((t, i) => t !== tokens[i])) {
       return undefined;
     }
-    if (b.refCount === 0) this.#free.splice(this.#free.indexOf(id), 1);
+    if (b.refCount === 0) {
+      const list = this.#listOf(id);
+      list.splice(list.indexOf(id), 1);
+    }
     b.refCount++;
     b.accesses++;
     b.lastAccess = Date.now();
@@ -129,8 +193,8 @@ export class BlockPool {
     const b = this.blocks[id];
     if (b.refCount <= 0) throw new Error(`internal error: release of free block ${id}`);
     if (--b.refCount === 0) {
-      if (b.hash === 0n) this.#free.unshift(id); // nothing worth keeping: reuse first
-      else this.#free.push(id);
+      if (b.hash === 0n) this.#listOf(id).unshift(id); // nothing worth keeping: reuse first
+      else this.#listOf(id).push(id);
     }
   }
 }
@@ -259,11 +323,12 @@ export class SequenceBlocks {
   /** Forgets tokens from `n` on (KV past them is dropped; whole blocks past them freed). */
   truncate(n: number): void {
     // A partial last block that others share or can find by hash must not be written into:
-    // drop it whole and recompute its tokens instead (no copy-on-write needed).
+    // drop it whole and recompute its tokens instead (no copy-on-write needed). Nor a codec
+    // block: writes go to hot blocks only.
     const last = this.table[Math.ceil(n / BLOCK) - 1];
     if (n % BLOCK !== 0 && last !== undefined) {
       const b = this.pool.blocks[last];
-      if (b.refCount > 1 || b.hash !== 0n) n -= n % BLOCK;
+      if (b.refCount > 1 || b.hash !== 0n || this.pool.isCodec(last)) n -= n % BLOCK;
     }
     this.tokens.length = Math.min(this.tokens.length, n);
     this.computed = Math.min(this.computed, n);

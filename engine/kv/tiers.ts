@@ -8,7 +8,9 @@
  * they are dropped. A prompt's blocks are found by chained hash in any tier and brought back by a
  * {@linkcode RestorePlan} (engine/kv/restore.ts).
  *
- * Bytes are opaque K‖V records of `KvPool.blockBytesOf(id)` × 2: nothing here looks inside.
+ * Bytes are opaque K‖V records in the hot form (`KvPool.copyOut` decodes codec blocks on the GPU;
+ * a restore writes them into hot blocks, which the re-encoder moves again): nothing here looks
+ * inside.
  */
 import type { KvTierStats, StorageTierProfile } from "../../api/types.ts";
 import { BLOCK, blockHash, type SequenceBlocks } from "./blocks.ts";
@@ -149,7 +151,7 @@ export class KvTiers {
         blocks.tokens.slice(b * BLOCK, (b + 1) * BLOCK),
       );
       if (k) k.pins++;
-      else need += 2 * this.pool.blockBytesOf(blocks.table[b]);
+      else need += 2 * this.pool.blockBytes;
       known.push(k);
     }
     let room = this.#makeRoom(need, owner, now);
@@ -158,7 +160,7 @@ export class KvTiers {
     for (let b = 0; b < full; b++) {
       const hash = blocks.hashes[b];
       if (!known[b]) {
-        const id = blocks.table[b], bytes = 2 * this.pool.blockBytesOf(id);
+        const id = blocks.table[b], bytes = 2 * this.pool.blockBytes;
         if ((room -= bytes) < 0) break; // the rest does not fit: the prefix that did is kept
         const tb: TierBlock = {
           hash,

@@ -147,6 +147,7 @@ export class ForwardPass {
       nKvHeads: cfg.nKvHeads,
       headDim: cfg.headDim,
       kvDtype: o.kv.dtype,
+      codec: o.kv.region,
       mask: this.mask,
     });
   }
@@ -223,6 +224,7 @@ export class ForwardPass {
       nLayers: c.nLayers,
       maxBlocks: this.#layout.maxBlocks,
       kvDtype: this.#kv.dtype,
+      codec: this.#kv.region, // blocks behind the hot window, decoded by attention as read
       // yarn's cos/sin factor, squared (engine/model/config.ts), and the model's mask.
       scale: attentionScale(c),
       mask: this.mask,

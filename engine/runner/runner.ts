@@ -171,6 +171,19 @@ export class Runner<T extends SlotOccupant> {
   }
 
   /**
+   * Points logical blocks of the sequence in `slot` at new physical blocks (`moved`: re-encoded
+   * behind the hot window, engine/runner/reencode.ts). Queue-ordered: work submitted before reads
+   * the old blocks, work submitted after the new ones.
+   */
+  repoint(slot: number, moved: readonly { index: number; to: number }[]): void {
+    const q = this.gpu.device.queue, { maxBlocks } = this.layout;
+    for (const m of moved) {
+      if (m.index >= maxBlocks - 1) continue; // past the table: the last column stays the trash
+      q.writeBuffer(this.#slots.blockTable, (slot * maxBlocks + m.index) * 4, Uint32Array.of(m.to));
+    }
+  }
+
+  /**
    * Sets how many drafts `slot` may take per verification step (0: none), from the next
    * submission on (queue order); a cap already set is not written again.
    */
@@ -347,17 +360,25 @@ export class Runner<T extends SlotOccupant> {
   /**
    * Log-probabilities of `ids[1..]`, each given the tokens before it (teacher forcing), computed
    * in scoring chunks into slot 0 with KV blocks `table` (at least `ids.length` tokens' worth).
-   * Only while nothing runs: slot 0's block table is overwritten.
+   * Only while nothing runs: slot 0's block table is overwritten. `o.chunk` caps the tokens per
+   * chunk, and `o.afterChunk(written)` runs after each chunk with the positions whose KV is
+   * written (an engine with a KV codec re-encodes the blocks behind the hot window there, so
+   * later chunks read them as decoding would).
    *
    * @returns `ids.length − 1` natural-log probabilities (f32 logits, log-softmax in f64)
    */
-  async score(ids: readonly number[], table: readonly number[]): Promise<Float64Array> {
+  async score(
+    ids: readonly number[],
+    table: readonly number[],
+    o: { chunk?: number; afterChunk?: (written: number) => void } = {},
+  ): Promise<Float64Array> {
     const f = this.forward, dev = this.gpu.device, V = this.cfg.vocabSize;
     const { maxBlocks } = this.layout;
     const row = new Uint32Array(maxBlocks);
     row.set(table.slice(0, maxBlocks - 1));
     dev.queue.writeBuffer(this.#slots.blockTable, 0, row);
-    const out = new Float64Array(Math.max(0, ids.length - 1)), T = f.scoreChunk();
+    const out = new Float64Array(Math.max(0, ids.length - 1));
+    const T = Math.min(f.scoreChunk(), o.chunk ?? Infinity);
     for (let p = 0; p < ids.length - 1; p += T) {
       const part = ids.slice(p, Math.min(p + T, ids.length));
       f.writePrefill(part, 0, p);
@@ -380,6 +401,7 @@ export class Runner<T extends SlotOccupant> {
       for (let r = 0; r < n; r++) out[p + r] = x[r] - st[4 * r + 1];
       picked.destroy();
       lse.destroy();
+      o.afterChunk?.(p + part.length);
     }
     return out;
   }

@@ -36,6 +36,11 @@ export interface LoopParts {
    * it are released as sequences move on (engine/kv/window.ts).
    */
   mask?: AttentionMask;
+  /**
+   * Runs after each readback round, once tokens are handed out: with a KV codec, the re-encode
+   * pass of the blocks behind the hot window (engine/runner/reencode.ts).
+   */
+  afterRound?: () => void;
 }
 
 /** The loop of one engine: started by {@linkcode kick}, it runs while there is work. */
@@ -46,6 +51,7 @@ export class Loop {
   readonly #kv: KvBudget;
   readonly #spec: SpeculationPolicy;
   readonly #mask?: AttentionMask;
+  readonly #afterRound?: () => void;
   #inflight: Submission<Sequence>[] = [];
   /** The next decode submission, encoded ahead but not submitted (see {@linkcode #run}). */
   #held?: Submission<Sequence>;
@@ -67,6 +73,7 @@ export class Loop {
     this.#spec = parts.speculation;
     this.#kv = poolBudget(parts.sessions.kv.blocks, parts.sessions.table, parts.sessions.tiers);
     if (parts.mask && parts.mask.kind !== "causal") this.#mask = parts.mask;
+    this.#afterRound = parts.afterRound;
   }
 
   /** Whether the loop is running (it stops when no work is left). */
@@ -174,6 +181,7 @@ export class Loop {
         await dones[i];
         this.#process(batch[i]);
       }
+      this.#afterRound?.();
       // Readbacks resolve at once (gpu/readback.ts): without this the loop would hold the
       // event loop until no sequence runs, and streams would flush only at the end.
       await this.#yield();

@@ -17,6 +17,7 @@
  * `failureWindow` checks turn speculation off for the whole engine until it is switched on again
  * (`setMode`: `PUT /v1/speculation`).
  */
+import type { SpeculationStats } from "../../api/types.ts";
 import { bestDepth, type GroupProfile, groupsOf, Profile, type SpecGroup } from "./spec_groups.ts";
 
 /** A sequence's speculation, as the policy keeps it (on `Sequence.spec`). */
@@ -206,6 +207,19 @@ export class SpeculationPolicy {
   /** The failure breaker has turned speculation off (until {@linkcode setMode}). */
   get tripped(): boolean {
     return this.#tripped !== undefined;
+  }
+
+  /** Its state for /health and /metrics. */
+  stats(): SpeculationStats {
+    const groups = this.profiles().map(({ name, steps, drafted, accepted, depth }) => ({
+      name,
+      steps,
+      drafted,
+      accepted,
+      depth,
+    }));
+    const why = this.reason ? { pausedBecause: this.reason } : {};
+    return { mode: this.mode, ...why, tripped: this.tripped, ...this.totals, groups };
   }
 
   /**

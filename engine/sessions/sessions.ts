@@ -310,7 +310,7 @@ export class Sessions {
         kv: kvOf,
         blocks: m.blocks,
       });
-      if (pool.freeCount - m.blocks.length < pool.blocks.length / 2) continue;
+      if (pool.freeCount - m.blocks.length < pool.hot / 2) continue;
       const { blocks: saved } = await store.restore(m);
       const data = saved.map((raw) => convertBlock(raw, m.kv ?? "f32", kv));
       if (data.some((raw) => raw.byteLength !== 2 * bb)) {

@@ -187,7 +187,10 @@ Deno.test("tiers: a slow spill pauses spills, and evicted sessions then drop the
   assert.equal(first.cached, 32, "the slow spill still landed");
   const b = engine.kvStats().tiers!.breaker;
   assert.ok(b.paused && b.trips === 1, JSON.stringify(b));
-  assert.match(b.reason!, /a spill of 2 blocks .* from the GPU took \d+ ms \(limit 0\.001 ms\)/);
+  assert.match(
+    b.reason!,
+    /copying a spilled block \(.*\) out of the GPU's mapping took \d+ ms \(limit 0\.001 ms\)/,
+  );
   // While paused, an eviction drops the KV: the next turn prefills in full.
   const prompt = ids(40, 10);
   const said = await run(engine, prompt, { session: "t" });

@@ -377,3 +377,55 @@ Deno.test(
     assert.ok(state.sessions < 5, JSON.stringify(state));
   }),
 );
+
+Deno.test(
+  "session store: a manifest over one value's 64 KiB goes in parts, reads back whole, and its " +
+    "old bodies are collected after the grace period",
+  withPath(async (path) => {
+    const store = await SessionStore.open(path, { graceMs: 0 });
+    try {
+      // 40 000 token ids alone are 160 KB: one Deno KV value refused the manifest before.
+      const long = (n: number, seed: number) => {
+        const r = rng(seed);
+        return Uint32Array.from({ length: n }, () => r.int(32_000));
+      };
+      const meta = { id: "long", model: "m", computed: 0, createdAt: 1, updatedAt: 2 };
+      const first = { ...meta, tokens: long(40_000, 1), turns: [] };
+      await store.save(first, []);
+      const head = (await store.kv.get<{ body?: { parts: number } }>(["session", "long"])).value!;
+      assert.ok(head.body && head.body.parts >= 3, JSON.stringify(head));
+      assert.equal("tokens" in head, false, "the head holds no token ids");
+      const [m] = await store.list("m");
+      assert.deepEqual(m.tokens, first.tokens);
+
+      // The next turn's manifest replaces it; a pass collects the old body, keeps the new one.
+      const second = { ...meta, tokens: long(40_016, 2), updatedAt: 3 };
+      await store.save(second, []);
+      await store.maintain();
+      const bodies = [];
+      for await (const e of store.kv.list({ prefix: ["mbodymeta"] })) bodies.push(e.key[1]);
+      assert.equal(bodies.length, 1);
+      assert.deepEqual((await store.list("m"))[0].tokens, second.tokens);
+
+      // A part gone: the session is skipped (and said so), not restored from a broken body.
+      const ref = (await store.kv.get<{ body: { hash: string } }>(["session", "long"])).value!;
+      await store.kv.delete(["mbody", ref.body.hash, 1]);
+      const errors: unknown[] = [], error = console.error;
+      console.error = (...a: unknown[]) => errors.push(a.join(" "));
+      try {
+        assert.deepEqual(await store.list("m"), []);
+      } finally {
+        console.error = error;
+      }
+      assert.match(String(errors[0]), /session 'long' has a missing or corrupt manifest body/);
+
+      // Deleted: its body goes with the next pass.
+      await store.delete("long");
+      await store.maintain();
+      for await (const e of store.kv.list({ prefix: ["mbody"] })) assert.fail(`left: ${e.key}`);
+      for await (const e of store.kv.list({ prefix: ["mbodymeta"] })) assert.fail(`left: ${e.key}`);
+    } finally {
+      store.close();
+    }
+  }),
+);

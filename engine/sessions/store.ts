@@ -24,6 +24,7 @@ import type { KvDtype } from "../../gpu/dtype.ts";
 import { unpackBlock } from "./block_pack.ts";
 import { chunkHash, Packer } from "./packer.ts";
 import { ColdFolder } from "./cold_folder.ts";
+import { type BodyRef, storedManifest, sweepBodies, wholeManifest } from "./manifest_body.ts";
 
 /** Deno KV refuses values over 64 KiB; stay below with room for the key and framing. */
 export const PART = 60_000;
@@ -90,6 +91,8 @@ export interface SessionManifest {
   blocks: { hash: string; parts: number; bytes: number; planes?: number }[];
   /** The session's most recent turns as they ran (absent in snapshots from before replays). */
   turns?: TurnRecord[];
+  /** Where `tokens`, `blocks` and `turns` went when too long for one value (manifest_body.ts). */
+  body?: BodyRef;
   createdAt: number;
   updatedAt: number;
 }
@@ -207,7 +210,8 @@ export class SessionStore {
       entries.push({ hash, parts, bytes: sizes[i], planes: width });
     }
     const manifest: SessionManifest = { ...m, version: 1, blocks: entries };
-    const r = await this.kv.atomic().set(["session", m.id], manifest).commit();
+    const stored = await storedManifest(this.kv, manifest); // a long session's in parts
+    const r = await this.kv.atomic().set(["session", m.id], stored).commit();
     if (!r.ok) throw new Error(`internal error: snapshot of session '${m.id}' did not commit`);
     if (this.coldDir !== undefined && this.warmUsed > this.warmBytes) void this.maintain();
     return entries;
@@ -254,7 +258,10 @@ export class SessionStore {
   async list(model?: string): Promise<SessionManifest[]> {
     const out: SessionManifest[] = [];
     for await (const e of this.kv.list<SessionManifest>({ prefix: ["session"] })) {
-      if (!model || e.value.model === model) out.push(e.value);
+      if (model && e.value.model !== model) continue;
+      const m = await wholeManifest(this.kv, e.value);
+      if (m) out.push(m);
+      else console.error(`strata: session '${e.value.id}' has a missing or corrupt manifest body`);
     }
     return out.sort((a, b) => b.updatedAt - a.updatedAt);
   }
@@ -347,9 +354,10 @@ export class SessionStore {
 
   /** One maintenance pass; true if it deleted or moved any chunk. */
   async #pass(): Promise<boolean> {
-    // Newest update of a session referring to each chunk.
-    const used = new Map<string, number>();
+    // Newest update of a session referring to each chunk; the manifest bodies in use.
+    const used = new Map<string, number>(), bodies = new Set<string>();
     for (const m of await this.list()) {
+      if (m.body) bodies.add(m.body.hash);
       for (const b of m.blocks) {
         if (!b.planes) continue;
         const k = chunkKey(b.hash, b.planes);
@@ -383,6 +391,7 @@ export class SessionStore {
     }
     for (const k of before) if (!seen.has(k)) this.#chunks.delete(k);
     this.#version++;
+    await sweepBodies(this.kv, bodies, { now, graceMs: this.graceMs });
     await this.#sweepFolder(now);
     if (this.coldDir === undefined) return changed;
     let over = this.warmUsed - this.warmBytes;

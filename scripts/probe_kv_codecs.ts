@@ -20,6 +20,9 @@ import {
   rope,
 } from "../engine/model/reference_forward.ts";
 import { bfpExponentRef, decodeHeadRef, encodeHeadRef } from "../kernels/reference_kv.ts";
+import { helpFromComment } from "./help.ts";
+
+helpFromComment(import.meta.url);
 
 const DEFAULT_MODEL = new URL("../models/strata-default", import.meta.url).pathname;
 

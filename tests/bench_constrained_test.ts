@@ -7,13 +7,13 @@
  */
 import assert from "node:assert/strict";
 import { CONSTRAINED_USAGE } from "../scripts/bench_constrained.ts";
-import { testGpu } from "./util.ts";
+import { taskPermissions, testGpu } from "./util.ts";
 
 const SCRIPT = new URL("../scripts/bench.ts", import.meta.url).pathname;
 
 async function bench(...args: string[]) {
   const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", SCRIPT, "--constrained", ...args],
+    args: ["run", ...taskPermissions("bench"), SCRIPT, "--constrained", ...args],
     stdout: "piped",
     stderr: "piped",
   }).output();

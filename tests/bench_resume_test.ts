@@ -4,13 +4,13 @@
  * the table and the JSON say so, and the flags are checked. Times are not asserted.
  */
 import assert from "node:assert/strict";
-import { testGpu } from "./util.ts";
+import { taskPermissions, testGpu } from "./util.ts";
 
 const SCRIPT = new URL("../scripts/bench.ts", import.meta.url).pathname;
 
 async function bench(args: string[]) {
   const r = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", SCRIPT, "--resume", ...args],
+    args: ["run", ...taskPermissions("bench"), SCRIPT, "--resume", ...args],
     stdout: "piped",
     stderr: "piped",
   }).output();

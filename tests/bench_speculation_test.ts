@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { modeledSpeedup } from "../scripts/bench_speculation.ts";
-import { testGpu } from "./util.ts";
+import { taskPermissions, testGpu } from "./util.ts";
 
 const SCRIPT = new URL("../scripts/bench.ts", import.meta.url).pathname;
 
@@ -59,7 +59,7 @@ Deno.test("bench --speculate: same tokens for every kind, acceptance, costs, com
     for (const c of j.cost) assert.ok(c.plain_ms > 0 && c.ratio > 0, JSON.stringify(c));
     assert.ok(j.targets.verify_k4_max_ratio > 0 && j.targets.free_min_speedup > 0);
     const bad = await new Deno.Command(Deno.execPath(), {
-      args: ["run", "-A", SCRIPT, "--speculate", "--contexts", "40,2000"],
+      args: ["run", ...taskPermissions("bench"), SCRIPT, "--speculate", "--contexts", "40,2000"],
       stderr: "piped",
     }).output();
     assert.equal(bad.code, 1);

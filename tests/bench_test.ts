@@ -25,7 +25,7 @@ import {
   formatBursts,
   percentile,
 } from "../scripts/bench_report.ts";
-import { testGpu } from "./util.ts";
+import { taskPermissions, testGpu } from "./util.ts";
 
 function exists(path: string): boolean {
   try {
@@ -184,7 +184,17 @@ Deno.test("bench: the CLI writes valid JSON with --out", async () => {
     const out = `${dir}/bench.json`;
     const script = new URL("../scripts/bench.ts", import.meta.url).pathname;
     const cmd = new Deno.Command(Deno.execPath(), {
-      args: ["run", "-A", script, "--shape", "tiny", "--batch", "1", "--prompt-len", "8"]
+      args: [
+        "run",
+        ...taskPermissions("bench"),
+        script,
+        "--shape",
+        "tiny",
+        "--batch",
+        "1",
+        "--prompt-len",
+        "8",
+      ]
         .concat(["--new-tokens", "4", "--read-mib", "8", "--max-chunk", "4", "--out", out]),
       stdout: "piped",
       stderr: "piped",
@@ -218,7 +228,16 @@ Deno.test({
   ignore: !exists("/usr/bin/script"), // util-linux's script gives the child a terminal
   async fn() {
     const script = new URL("../scripts/bench.ts", import.meta.url).pathname;
-    const bench = [Deno.execPath(), "run", "-A", script, "--shape", "tiny", "--batch", "1,2"]
+    const bench = [
+      Deno.execPath(),
+      "run",
+      ...taskPermissions("bench"),
+      script,
+      "--shape",
+      "tiny",
+      "--batch",
+      "1,2",
+    ]
       .concat(["--prompt-len", "8", "--new-tokens", "4", "--read-mib", "8"]).join(" ");
     const cmd = new Deno.Command("/usr/bin/script", {
       args: ["-qec", `${bench} 2>&1 >/dev/null`, "/dev/null"], // the terminal shows stderr only
@@ -247,7 +266,7 @@ Deno.test({
 Deno.test("bench: --help lists every flag with its default, and the environment", async () => {
   const script = new URL("../scripts/bench.ts", import.meta.url).pathname;
   const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", script, "--help"],
+    args: ["run", ...taskPermissions("bench"), script, "--help"],
     stdout: "piped",
     stderr: "piped",
   }).output();

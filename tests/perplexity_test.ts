@@ -9,7 +9,7 @@ import { logSoftmax, ReferenceModel } from "../engine/model/reference_forward.ts
 import { TextTokenizer } from "../engine/model/tokenizer.ts";
 import { sampling } from "../api/types.ts";
 import { withTestModel } from "../scripts/make_test_model.ts";
-import { rng, testGpu } from "./util.ts";
+import { rng, taskPermissions, testGpu } from "./util.ts";
 
 const DEFAULT_MODEL = new URL("../models/strata-default", import.meta.url).pathname;
 const SCRIPT = new URL("../scripts/perplexity.ts", import.meta.url).pathname;
@@ -50,7 +50,16 @@ Deno.test("score: teacher-forced logprobs match the float64 reference across chu
 Deno.test("perplexity: the task's JSON line is exp of the reference's mean NLL", async () => {
   await testGpu();
   const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", SCRIPT, "--context", "48", "--max-tokens", "96", "--json"],
+    args: [
+      "run",
+      ...taskPermissions("perplexity"),
+      SCRIPT,
+      "--context",
+      "48",
+      "--max-tokens",
+      "96",
+      "--json",
+    ],
     stdout: "piped",
     stderr: "piped",
   }).output();
@@ -70,7 +79,7 @@ Deno.test("perplexity: the task's JSON line is exp of the reference's mean NLL",
   assert.ok(Math.abs(Math.log(got.ppl) - nll) < 1e-5, `ppl ${got.ppl} vs exp(${nll})`);
   // Bad input: a clear error, exit 1.
   const bad = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", SCRIPT, "--context", "1"],
+    args: ["run", ...taskPermissions("perplexity"), SCRIPT, "--context", "1"],
     stderr: "piped",
   }).output();
   assert.equal(bad.code, 1);

@@ -129,3 +129,13 @@ export async function testGpu(): Promise<Gpu> {
   }
   return gpu;
 }
+
+/**
+ * The permission flags `deno task NAME` runs its script with (deno.json), so that a test running
+ * the script as a child process checks that the task's permissions suffice.
+ */
+export function taskPermissions(name: string): string[] {
+  const config = JSON.parse(Deno.readTextFileSync(new URL("../deno.json", import.meta.url)));
+  const words = String(config.tasks[name]).split(/\s+/);
+  return words.slice(2).filter((w) => w.startsWith("--"));
+}

@@ -16,7 +16,7 @@ import { badRequest } from "./errors.ts";
 import { type Body, boolField, describe, intField, numberField, present } from "./fields.ts";
 import { FUNCTION_NAME, textContent } from "./messages.ts";
 import { parseTools, type ToolsRequest } from "./tools.ts";
-import { chatEnds, checkConstrained, checkModel, fitContext } from "./validate.ts";
+import { chatEnds, checkConstrained, checkModel, fitContext, renderChat } from "./validate.ts";
 
 /** The fields /v1/responses takes. */
 const FIELDS = [
@@ -258,20 +258,7 @@ export async function parseResponses(engine: EngineLike, body: Body): Promise<Re
     const what = tools?.spec ? "a tool_choice that requires a call" : "this text.format";
     checkConstrained([], what, ends.continueFinalMessage);
   }
-  let promptIds: number[];
-  try {
-    promptIds = await engine.tokenizeChat(messages, {
-      ...ends,
-      ...(tools
-        ? { tools: tools.tools, toolChoice: tools.choice, parallelToolCalls: tools.parallel }
-        : {}),
-    });
-  } catch (e) {
-    throw badRequest(
-      "input",
-      `the model's chat template rejected the input: ${(e as Error).message}`,
-    );
-  }
+  const promptIds = await renderChat(engine, messages, { ends, tools, field: "input" });
   const maxTokens = fitContext(engine, promptIds.length, maxOutput, {
     param: "input",
     limit: "max_output_tokens",

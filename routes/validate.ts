@@ -359,6 +359,30 @@ export function checkConstrained(stop: string[], what: string, continued = false
   }
 }
 
+/**
+ * Token ids of `messages` through the model's chat template, with the tools and the ends
+ * ({@linkcode chatEnds}) as the template takes them; a template that refuses them is a 400 on
+ * `field`.
+ */
+export async function renderChat(
+  engine: EngineLike,
+  messages: ChatMessage[],
+  o: { ends: ReturnType<typeof chatEnds>; tools: ToolsRequest | null; field: "messages" | "input" },
+): Promise<number[]> {
+  const t = o.tools;
+  try {
+    return await engine.tokenizeChat(messages, {
+      ...o.ends,
+      ...(t ? { tools: t.tools, toolChoice: t.choice, parallelToolCalls: t.parallel } : {}),
+    });
+  } catch (e) {
+    throw badRequest(
+      o.field,
+      `the model's chat template rejected the ${o.field}: ${(e as Error).message}`,
+    );
+  }
+}
+
 /** Parses a /v1/chat/completions body (also the WebSocket `start` message). */
 export async function parseChat(
   engine: EngineLike,
@@ -392,20 +416,7 @@ export async function parseChat(
     const what = tools?.spec ? "a tool_choice that requires a call" : "this response_format";
     checkConstrained(common.sampling.stop, what, ends.continueFinalMessage);
   }
-  let promptIds: number[];
-  try {
-    promptIds = await engine.tokenizeChat(messages, {
-      ...ends,
-      ...(tools
-        ? { tools: tools.tools, toolChoice: tools.choice, parallelToolCalls: tools.parallel }
-        : {}),
-    });
-  } catch (e) {
-    throw badRequest(
-      "messages",
-      `the model's chat template rejected the messages: ${(e as Error).message}`,
-    );
-  }
+  const promptIds = await renderChat(engine, messages, { ends, tools, field: "messages" });
   const maxTokens = fitContext(engine, promptIds.length, common.maxTokens, {
     param: "messages",
   });

@@ -284,7 +284,8 @@ export interface StorageTierProfile {
 
 /** The tiers below the GPU, for /health and /metrics (docs/kv_tiers.md). */
 export interface KvTierStats {
-  host: { blocks: number; bytes: number; budgetBytes: number };
+  /** spareBytes: freed buffers kept for reuse (engine/kv/tier_host.ts), not counted in bytes. */
+  host: { blocks: number; bytes: number; budgetBytes: number; spareBytes: number };
   file?: { blocks: number; bytes: number; budgetBytes: number };
   /** Blocks below the GPU by state: a restore waits for them, at rest, a copy in flight. */
   states: { active: number; inactive: number; pendingEvict: number };

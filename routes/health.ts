@@ -96,7 +96,7 @@ function tiersJson(t: KvTierStats | undefined) {
     budget_bytes: x.budgetBytes,
   });
   return {
-    host: size(t.host),
+    host: { ...size(t.host), spare_bytes: t.host.spareBytes },
     ...(t.file ? { file: size(t.file) } : {}),
     spill: {
       paused: t.breaker.paused,

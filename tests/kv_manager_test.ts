@@ -23,7 +23,7 @@ function block(hash: bigint, o: Partial<TierBlock> = {}): TierBlock {
     tokens: [Number(hash)],
     bytes: 100,
     file: false,
-    host: new Uint8Array(100),
+    host: new Uint8Array(new SharedArrayBuffer(100)),
     accesses: 1,
     lastAccess: 0,
     holders: new Set(),

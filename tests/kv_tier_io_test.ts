@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import { BLOCK, blockHash, scopeRoot, SequenceBlocks } from "../engine/kv/blocks.ts";
 import { KvPool } from "../engine/kv/pool.ts";
 import { FILE_HEADER, FileTier } from "../engine/kv/tier_file.ts";
+import { readerCount } from "../engine/kv/tier_file_readers.ts";
 import { HostTier } from "../engine/kv/tier_host.ts";
 import { KvTiers } from "../engine/kv/tiers.ts";
 import type { ModelConfig } from "../engine/model/config.ts";
@@ -37,52 +38,105 @@ Deno.test("host tier: a budget, and buffers of a size handed out again", () => {
   host.give(b);
   assert.notEqual(host.take(300), b, "not one of another size");
   assert.throws(() => new HostTier(-1), /budget/);
+  assert.throws(() => new HostTier(0, 0.5), /transit/);
 });
 
-Deno.test("file tier: records round-trip bit for bit; a wrong file reads as missing", async () => {
-  const folder = `${dir}/files`;
-  await Deno.mkdir(folder);
-  await Deno.writeFile(`${folder}/00000000000000aa.kvt`, new Uint8Array(3)); // an earlier run's
-  await Deno.writeFile(`${folder}/00000000000000ab.kvt.x.tmp`, new Uint8Array(3));
-  await Deno.writeFile(`${folder}/notes.txt`, new Uint8Array(3));
-  const file = await FileTier.open(folder, 1 << 20);
-  const names = async () => (await Array.fromAsync(Deno.readDir(folder))).map((e) => e.name);
-  assert.deepEqual(await names(), ["notes.txt"], "block files of an earlier run are removed");
-
-  const tokens = Array.from({ length: BLOCK }, (_, i) => 1000 + i);
-  for (const [i, size] of [8, 8192, 98_304].entries()) {
-    const hash = blockHash(BigInt(i), tokens), data = randomBytes(size, i + 1);
-    await file.write(hash, tokens, data);
-    const into = new Uint8Array(size);
-    assert.ok(await file.read(hash, tokens, into));
-    assert.deepEqual(into, data, `${size} bytes`);
-    assert.ok(!(await file.read(hash, tokens, new Uint8Array(size + 4))), "another size");
-    assert.ok(!(await file.read(hash, tokens.toReversed(), into)), "other tokens");
-  }
-  assert.equal(file.used, 3 * FILE_HEADER + 8 + 8192 + 98_304);
-  assert.ok(file.fits(1 << 19) && !file.fits(1 << 20));
-
-  const hash = blockHash(7n, tokens), data = randomBytes(4096, 7), into = new Uint8Array(4096);
-  const path = file.path(hash);
-  const damaged = async (edit: (b: Uint8Array) => Uint8Array) => {
-    await file.write(hash, tokens, data);
-    await Deno.writeFile(path, edit(await Deno.readFile(path)));
-    return !(await file.read(hash, tokens, into));
-  };
-  assert.ok(await damaged((b) => (b[FILE_HEADER + 100] ^= 1, b)), "a flipped bit in the record");
-  assert.ok(await damaged((b) => (b[0] = 0, b)), "another magic");
-  assert.ok(await damaged((b) => (b[16] ^= 1, b)), "another hash in the header");
-  assert.ok(await damaged((b) => (b[40] ^= 1, b)), "another token in the header");
-  assert.ok(await damaged((b) => b.subarray(0, b.length - 1)), "cut short");
-  assert.ok(await damaged((b) => new Uint8Array([...b, 0])), "a byte too many");
-  assert.ok(await damaged((b) => b.subarray(0, 10)), "a header cut short");
-  await Deno.remove(path);
-  assert.ok(!(await file.read(hash, tokens, into)), "missing");
-  const before = file.used;
-  await file.remove(blockHash(0n, tokens));
-  assert.equal(file.used, before - FILE_HEADER - 8);
-  assert.ok(!(await file.read(blockHash(0n, tokens), tokens, new Uint8Array(8))));
+Deno.test("file tier: reader threads only where the cores pay for them", () => {
+  assert.deepEqual([1, 2, 3, 4, 5, 6, 16, 128].map((c) => readerCount(c)), [
+    0,
+    0,
+    0,
+    2,
+    3,
+    4,
+    4,
+    4,
+  ]);
 });
+
+Deno.test("host tier: freed buffers are kept past the budget up to the transit allowance", () => {
+  const host = new HostTier(0, 800);
+  const bufs = [host.take(400), host.take(400), host.take(400)];
+  assert.equal(host.over, 1200);
+  for (const b of bufs) host.give(b);
+  assert.equal(host.used, 0);
+  assert.equal(host.spare, 800, "two kept (the allowance), the third left to the collector");
+  const again = [host.take(400), host.take(400), host.take(400)];
+  assert.ok(again[0] === bufs[1] && again[1] === bufs[0], "kept buffers come back");
+  assert.ok(!bufs.includes(again[2]), "then fresh ones");
+  assert.equal(host.spare, 0);
+  const none = new HostTier(1000, 0);
+  const a = none.take(600), b = none.take(600);
+  none.give(a);
+  assert.equal(none.spare, 0, "used 600 + 600 kept would pass the budget");
+  none.give(b);
+  assert.equal(none.spare, 600);
+});
+
+for (const memory of ["plain", "shared"] as const) {
+  // Plain memory is read on this thread; shared memory (the host tier's) on reader threads.
+  const alloc = (n: number) =>
+    memory === "shared" ? new Uint8Array(new SharedArrayBuffer(n)) : new Uint8Array(n);
+  const readers = memory === "shared" ? 2 : 0;
+  Deno.test(`file tier: records round-trip bit for bit into ${memory} memory; a wrong file reads as missing`, async () => {
+    const folder = `${dir}/files-${memory}`;
+    await Deno.mkdir(folder);
+    await Deno.writeFile(`${folder}/00000000000000aa.kvt`, new Uint8Array(3)); // an earlier run's
+    await Deno.writeFile(`${folder}/00000000000000ab.kvt.x.tmp`, new Uint8Array(3));
+    await Deno.writeFile(`${folder}/notes.txt`, new Uint8Array(3));
+    const file = await FileTier.open(folder, 1 << 20, { readers });
+    const names = async () => (await Array.fromAsync(Deno.readDir(folder))).map((e) => e.name);
+    assert.deepEqual(await names(), ["notes.txt"], "block files of an earlier run are removed");
+
+    const tokens = Array.from({ length: BLOCK }, (_, i) => 1000 + i);
+    for (const [i, size] of [8, 8192, 98_304].entries()) {
+      const hash = blockHash(BigInt(i), tokens), data = randomBytes(size, i + 1);
+      await file.write(hash, tokens, data);
+      const into = alloc(size);
+      assert.ok(await file.read(hash, tokens, into));
+      assert.deepEqual(into, data, `${size} bytes`);
+      assert.ok(!(await file.read(hash, tokens, alloc(size + 4))), "another size");
+      assert.ok(!(await file.read(hash, tokens.toReversed(), into)), "other tokens");
+    }
+    assert.equal(file.used, 3 * FILE_HEADER + 8 + 8192 + 98_304);
+    assert.ok(file.fits(1 << 19) && !file.fits(1 << 20));
+
+    const hash = blockHash(7n, tokens), data = randomBytes(4096, 7), into = alloc(4096);
+    const path = file.path(hash);
+    const damaged = async (edit: (b: Uint8Array) => Uint8Array) => {
+      await file.write(hash, tokens, data);
+      await Deno.writeFile(path, edit(await Deno.readFile(path)));
+      return !(await file.read(hash, tokens, into));
+    };
+    assert.ok(await damaged((b) => (b[FILE_HEADER + 100] ^= 1, b)), "a flipped bit in the record");
+    assert.ok(await damaged((b) => (b[0] = 0, b)), "another magic");
+    assert.ok(await damaged((b) => (b[16] ^= 1, b)), "another hash in the header");
+    assert.ok(await damaged((b) => (b[40] ^= 1, b)), "another token in the header");
+    assert.ok(await damaged((b) => b.subarray(0, b.length - 1)), "cut short");
+    assert.ok(await damaged((b) => new Uint8Array([...b, 0])), "a byte too many");
+    assert.ok(await damaged((b) => b.subarray(0, 10)), "a header cut short");
+    await Deno.remove(path);
+    assert.ok(!(await file.read(hash, tokens, into)), "missing");
+    const before = file.used;
+    await file.remove(blockHash(0n, tokens));
+    assert.equal(file.used, before - FILE_HEADER - 8);
+    assert.ok(!(await file.read(blockHash(0n, tokens), tokens, alloc(8))));
+
+    // Many reads in flight at once, then again after the reader threads were stopped.
+    const many = Array.from({ length: 24 }, (_, i) => {
+      const t = tokens.map((x) => x + i);
+      return { hash: blockHash(100n, t), tokens: t, data: randomBytes(3000 + 8 * i, 50 + i) };
+    });
+    for (const m of many) await file.write(m.hash, m.tokens, m.data);
+    for (let round = 0; round < 2; round++) {
+      const got = many.map((m) => alloc(m.data.byteLength));
+      const ok = await Promise.all(many.map((m, i) => file.read(m.hash, m.tokens, got[i])));
+      assert.ok(ok.every((x) => x), `round ${round}: every read succeeds`);
+      many.forEach((m, i) => assert.deepEqual(got[i], m.data, `round ${round}, block ${i}`));
+      file.close();
+    }
+  });
+}
 
 /** A pool of a small model shape: 3 layers, 2 KV heads of 24 (awkward sizes). */
 async function smallPool(numBlocks: number): Promise<KvPool> {
@@ -128,7 +182,7 @@ for (const via of ["host memory", "files"] as const) {
     const spill = via === "files" ? await Deno.makeTempDir({ dir }) : undefined;
     const tiers = new KvTiers(pool, {
       host: new HostTier(via === "files" ? 0 : 1 << 20),
-      file: spill ? await FileTier.open(spill, 1 << 20) : undefined,
+      file: spill ? await FileTier.open(spill, 1 << 20, { readers: 2 }) : undefined,
     });
     // 3 whole blocks and 5 tokens: the whole ones go down, the partial one does not.
     const { seq, tokens, data } = filled(pool, 3 * BLOCK + 5, 1, "t");
@@ -249,4 +303,39 @@ Deno.test('tiers: the profile decides which tiers are used; "always" uses every 
   ]);
   const noFile = new KvTiers(pool, { host, policy: "always" });
   assert.ok(!noFile.uses("file"));
+});
+
+Deno.test("file tier: startReaders waits for every reader thread; a process does not wait for idle ones", async () => {
+  const folder = await Deno.makeTempDir({ dir });
+  const file = await FileTier.open(folder, 1 << 20, { readers: 3 });
+  await file.startReaders();
+  const tokens = [1, 2, 3], hash = blockHash(9n, tokens), data = randomBytes(5000, 9);
+  await file.write(hash, tokens, data);
+  const into = new Uint8Array(new SharedArrayBuffer(5000));
+  assert.ok(await file.read(hash, tokens, into));
+  assert.deepEqual(into, data);
+  // A process whose tier read through its threads and was never closed still ends.
+  const script = `import { FileTier } from ${
+    JSON.stringify(new URL("../engine/kv/tier_file.ts", import.meta.url).href)
+  };
+const t = await FileTier.open(${JSON.stringify(folder + "/child")}, 1 << 20, { readers: 2 });
+await t.startReaders();
+await t.write(5n, [1], new Uint8Array(64).fill(7));
+const into = new Uint8Array(new SharedArrayBuffer(64));
+console.log(await t.read(5n, [1], into), into[63]);`;
+  const path = `${folder}/child.ts`;
+  await Deno.writeTextFile(path, script);
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", "--config", new URL("../deno.json", import.meta.url).pathname, path],
+    stdout: "piped",
+    stderr: "piped",
+    signal: AbortSignal.timeout(60_000),
+  }).output();
+  assert.equal(
+    new TextDecoder().decode(out.stdout).trim(),
+    "true 7",
+    new TextDecoder().decode(out.stderr),
+  );
+  assert.equal(out.code, 0);
+  file.close();
 });

@@ -15,6 +15,7 @@
  * is due at `lastUse + gapMs`; one that is overdue, or has no history, is expected after as long
  * again as it has been idle (the longer idle, the later: least recently used).
  */
+import type { HostBuffer } from "./tier_host.ts";
 
 /** Where a block's KV is: GPU memory, host memory, a spill file, or the snapshot store. */
 export type BlockTier = "gpu" | "host" | "file" | "kv";
@@ -30,7 +31,7 @@ export interface TierBlock {
   /** Bytes of its K‖V record. */
   bytes: number;
   /** Its record in host memory, when it is there. */
-  host?: Uint8Array<ArrayBuffer>;
+  host?: HostBuffer;
   /** Whether its record is in a file. */
   file: boolean;
   /** The copy from the GPU, in flight: resolves true once the record is in host memory. */

@@ -195,12 +195,16 @@ export class KvPool {
    * Writes one block's K‖V bytes: `2 · blockBytesOf(id)`, as {@linkcode copyOut} lays them out
    * (its hot form for a hot block, `raw` for a codec block).
    */
-  write(id: number, raw: Uint8Array<ArrayBuffer>): void {
+  write(id: number, raw: Uint8Array): void {
     const q = this.gpu.device.queue, n = this.blockBytesOf(id), at = this.#offset(id);
     if (raw.byteLength !== 2 * n) {
       throw new Error(`internal error: KV block ${id} is ${2 * n} bytes; got ${raw.byteLength}`);
     }
-    q.writeBuffer(this.k, at, raw, 0, n);
-    q.writeBuffer(this.v, at, raw, n, n);
+    // The host tier's buffers are shared memory (engine/kv/tier_host.ts). WebGPU's IDL types
+    // leave shared views out of writeBuffer's argument; Deno's takes them, bytes intact
+    // (tests/kv_tier_io_test.ts round-trips blocks through them).
+    const data = raw as Uint8Array<ArrayBuffer>;
+    q.writeBuffer(this.k, at, data, 0, n);
+    q.writeBuffer(this.v, at, data, n, n);
   }
 }

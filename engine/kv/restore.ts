@@ -16,7 +16,7 @@ export interface RestoreSource {
   tokens: number[];
   tier: BlockTier;
   /** Reads the block's K‖V record (undefined: it could not be read). Absent for the GPU. */
-  load?: () => Promise<Uint8Array<ArrayBuffer> | undefined>;
+  load?: () => Promise<Uint8Array | undefined>;
   /** Lets go of what the source holds (a pin on a tier block, a buffer); called once. */
   release?: () => void;
 }
@@ -36,7 +36,7 @@ export interface Restored {
 /** The blocks of one queued sequence on their way back (see the module doc). */
 export class RestorePlan {
   readonly #sources: RestoreSource[];
-  readonly #values: (Uint8Array<ArrayBuffer> | undefined)[];
+  readonly #values: (Uint8Array | undefined)[];
   readonly #byHash = new Map<bigint, number>();
   readonly #started = performance.now();
   #next = 0;

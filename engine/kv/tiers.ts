@@ -25,7 +25,7 @@ import {
 import type { KvPool } from "./pool.ts";
 import { RestorePlan, type RestoreSource } from "./restore.ts";
 import type { FileTier } from "./tier_file.ts";
-import type { HostTier } from "./tier_host.ts";
+import type { HostBuffer, HostTier } from "./tier_host.ts";
 
 /** How restores choose their tiers: by the profile, or from any tier that has the block. */
 export type TierPolicy = "profile" | "always";
@@ -399,9 +399,9 @@ export class KvTiers {
   /** A restore's source for tier block `b`: pinned until released. */
   #source(b: TierBlock): RestoreSource {
     b.pins++;
-    let transient: Uint8Array<ArrayBuffer> | undefined, read: Promise<unknown> | undefined;
+    let transient: HostBuffer | undefined, read: Promise<unknown> | undefined;
     const fromFile = !b.host && !b.landing;
-    const load = async (): Promise<Uint8Array<ArrayBuffer> | undefined> => {
+    const load = async (): Promise<Uint8Array | undefined> => {
       if (b.landing && !(await b.landing)) return undefined;
       if (b.host) return b.host;
       if (!b.file) return undefined;
@@ -474,9 +474,9 @@ export class KvTiers {
     const c = this.manager.counts();
     let hostBytes = 0;
     for (const b of this.manager.all()) if (b.host) hostBytes += b.bytes;
-    const file = this.file;
+    const file = this.file, h = this.host;
     return {
-      host: { blocks: c.host, bytes: hostBytes, budgetBytes: this.host.budget },
+      host: { blocks: c.host, bytes: hostBytes, budgetBytes: h.budget, spareBytes: h.spare },
       ...(file ? { file: { blocks: c.file, bytes: file.used, budgetBytes: file.budget } } : {}),
       states: { active: c.active, inactive: c.inactive, pendingEvict: c.pendingEvict },
       spilled: { ...this.#stats.spilled },

@@ -6,8 +6,7 @@
  * block into fresh memory runs at about a quarter of the speed of copying it into pages touched
  * before (page faults; 2 against 9 GB/s on the CPU machine). They are kept up to the budget, and
  * past it up to a transit allowance: blocks on their way between the GPU and files pass through
- * host memory even when the tier keeps none (a budget of 0, or a full tier), and a restore from
- * files into fresh pages ran at 1.6 GB/s on the H200's host against 4.8 from kept ones.
+ * host memory even when the tier keeps none (a budget of 0, or a full tier).
  */
 
 /**

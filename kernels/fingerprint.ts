@@ -5,10 +5,10 @@
  */
 import type { Gpu } from "../gpu/device.ts";
 import { type Dispatch, params, uniform } from "../gpu/dispatch.ts";
-import { pipeline } from "./pipeline.ts";
+import { pipeline, wgsl } from "./pipeline.ts";
 import { bindAt, type Binding } from "./sample.ts";
 
-/** lowbias32, as fingerprint.wgsl's `mix` (and speculate.wgsl's pool hash). */
+/** lowbias32, as kernels/hash_common.wgsl's `mix` (fingerprints and the n-gram pool's keys). */
 export function mix(v: number): number {
   let h = v >>> 0;
   h ^= h >>> 16;
@@ -71,7 +71,10 @@ export function fingerprintDispatch(
   bufs: { x: Binding; fpRing: Binding; lastRow: Binding },
   o: FingerprintOptions,
 ): Dispatch {
-  const pipe = pipeline(gpu, "fingerprint.wgsl", { entryPoint: "fingerprint" });
+  const pipe = pipeline(gpu, "fingerprint.wgsl", {
+    entryPoint: "fingerprint",
+    prelude: wgsl("hash_common.wgsl"),
+  });
   const rows = o.prefill ? 1 : o.rows;
   const u = uniform(
     gpu,

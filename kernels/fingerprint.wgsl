@@ -33,16 +33,8 @@ const NO_CHECK: u32 = 0xbf800000u; // kernels/cross_check.ts NO_CHECK
 
 var<workgroup> part: array<array<f32, WG>, BITS>;
 
-// lowbias32 (Chris Wellons): engine/runner's fingerprintRef uses the same.
-fn mix(v: u32) -> u32 {
-  var h = v;
-  h ^= h >> 16u;
-  h *= 0x7feb352du;
-  h ^= h >> 15u;
-  h *= 0x846ca68bu;
-  h ^= h >> 16u;
-  return h;
-}
+// mix: lowbias32, kernels/hash_common.wgsl (prepended by the wrapper); engine/runner's
+// fingerprintRef uses the same.
 
 @compute @workgroup_size(WG)
 fn fingerprint(@builtin(workgroup_id) wid: vec3u, @builtin(local_invocation_index) lid: u32) {

@@ -7,7 +7,7 @@
 import type { Gpu } from "../gpu/device.ts";
 import { type Dispatch, params, uniform } from "../gpu/dispatch.ts";
 import { mix } from "./fingerprint.ts";
-import { pipeline } from "./pipeline.ts";
+import { pipeline, wgsl } from "./pipeline.ts";
 import { NO_TOKEN, type StepBuffers } from "./step.ts";
 
 /** Rows per slot a verification pass may run (drafts + 1). */
@@ -88,6 +88,7 @@ export function specDispatch(
   }
   const pipe = pipeline(gpu, "speculate.wgsl", {
     entryPoint: o.entry,
+    prelude: wgsl("hash_common.wgsl"),
     constants: {
       WG,
       NGRAM: ngram,

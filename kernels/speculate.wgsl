@@ -100,16 +100,7 @@ fn match_len(base: u32, e: u32, last: u32) -> u32 {
   return n;
 }
 
-// lowbias32 (Chris Wellons), as fingerprint.wgsl.
-fn mix(v: u32) -> u32 {
-  var h = v;
-  h ^= h >> 16u;
-  h *= 0x7feb352du;
-  h ^= h >> 15u;
-  h *= 0x846ca68bu;
-  h ^= h >> 16u;
-  return h;
-}
+// mix: lowbias32, kernels/hash_common.wgsl (prepended by the wrapper).
 
 // Word offset of the pool entry of `key` in slot s's pool.
 fn entry_of(s: u32, key: u32) -> u32 {

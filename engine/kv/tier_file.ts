@@ -21,10 +21,12 @@
  * read's time (23 of 33 ms for a 2k-token TinyLlama session's 92 MB on the H200's host), and on
  * the engine's thread it is serial. On fewer cores, a thread's messages cost more than they save
  * (a 2-core machine read 92 MB in 24 ms on its own thread, 69 ms through one reader), and reads
- * stay on the caller's thread, the file IO in the runtime's own threads. Files appear whole: written under a temporary name, then renamed. They are not
- * synced: the folder is this process's cache (the session table that refers to them dies with
- * it, and {@linkcode FileTier.open} clears what an earlier run left); the durable copy of a
- * session is the snapshot store's (engine/sessions/store.ts).
+ * stay on the caller's thread, the file IO in the runtime's own threads.
+ *
+ * Files appear whole: written under a temporary name, then renamed. They are not synced: the
+ * folder is this process's cache (the session table that refers to them dies with it, and
+ * {@linkcode FileTier.open} clears what an earlier run left); the durable copy of a session is
+ * the snapshot store's (engine/sessions/store.ts).
  */
 import xxhash from "xxhash-wasm";
 import { FileReaders, readerCount } from "./tier_file_readers.ts";

@@ -4,10 +4,10 @@
  * beside the engine's thread instead of on it. Each read is sent to the thread with the fewest
  * in flight; the buffer is shared, so nothing is copied or transferred back.
  *
- * The threads hold the process open only while they start or hold a read (they are
- * unreferenced when idle), so an engine that is never closed does not keep its process alive. A thread that fails
- * (it could not start, or threw) fails the reads it held: they read as missing, and the caller
- * recomputes those blocks.
+ * The threads hold the process open only while they start or hold a read (they are unreferenced
+ * when idle), so an engine that is never closed does not keep its process alive. A thread that
+ * fails (it could not start, or threw) fails the reads it held: they read as missing, and the
+ * caller recomputes those blocks.
  */
 import { Worker } from "node:worker_threads";
 

@@ -15,6 +15,7 @@ import { TextTokenizer } from "../engine/model/tokenizer.ts";
 import {
   attention,
   linear,
+  mlpInto,
   ReferenceModel,
   rmsnorm,
   rope,
@@ -70,7 +71,7 @@ const VARIANTS: [string, (D: number) => number, Roundtrip][] = [
 /** Each layer's rotated q, k and v over `tokens`, from the float64 reference. */
 function layerKv(m: ReferenceModel, tokens: number[]) {
   const cfg = m.config, w = m.weights;
-  const { hiddenSize: H, headDim: D, nHeads, nKvHeads, intermediateSize: F } = cfg;
+  const { hiddenSize: H, headDim: D, nHeads, nKvHeads } = cfg;
   const x = tokens.map((t) => w.embed.slice(t * H, (t + 1) * H));
   const out: { q: Float64Array[]; k: Float64Array[]; v: Float64Array[] }[] = [];
   for (const layer of w.layers) {
@@ -85,11 +86,7 @@ function layerKv(m: ReferenceModel, tokens: number[]) {
     for (let t = 0; t < x.length; t++) {
       const o = linear(attn[t], layer.o, { bias: layer.oBias });
       for (let i = 0; i < H; i++) x[t][i] += o[i];
-      const h = rmsnorm(x[t], layer.postNorm, cfg.rmsEps);
-      const g = linear(h, layer.gate), u = linear(h, layer.up);
-      for (let j = 0; j < F; j++) g[j] = (g[j] / (1 + Math.exp(-g[j]))) * u[j];
-      const d = linear(g, layer.down);
-      for (let i = 0; i < H; i++) x[t][i] += d[i];
+      mlpInto(x[t], layer, cfg.rmsEps);
     }
   }
   return out;

@@ -8,7 +8,13 @@
 import assert from "node:assert/strict";
 import { loadModelFolder } from "../engine/model/folder.ts";
 import { TextTokenizer } from "../engine/model/tokenizer.ts";
-import { linear, ReferenceModel, rmsnorm, rope } from "../engine/model/reference_forward.ts";
+import {
+  linear,
+  mlpInto,
+  ReferenceModel,
+  rmsnorm,
+  rope,
+} from "../engine/model/reference_forward.ts";
 import { compileGrammar, type GrammarSpec } from "../engine/grammar/grammar.ts";
 import { advanceRef, sampleGrammarRef } from "../engine/grammar/sample_ref.ts";
 import { tokenBytesImage, vocabularyOf } from "../engine/grammar/vocab.ts";
@@ -27,7 +33,7 @@ type Cache = { k: Float64Array[][]; v: Float64Array[][] };
 
 /** The logits after appending `t` at the next position of `cache` (which grows by one). */
 function step(cache: Cache, t: number): Float64Array {
-  const { hiddenSize: H, headDim: D, nHeads, nKvHeads, intermediateSize: F } = cfg;
+  const { hiddenSize: H, headDim: D, nHeads, nKvHeads } = cfg;
   const pos = cache.k[0].length;
   const x = model.weights.embed.slice(t * H, (t + 1) * H); // [hidden]
   model.weights.layers.forEach((layer, l) => {
@@ -53,11 +59,7 @@ function step(cache: Cache, t: number): Float64Array {
     }
     const o = linear(attn, layer.o, { bias: layer.oBias });
     for (let i = 0; i < H; i++) x[i] += o[i];
-    const h2 = rmsnorm(x, layer.postNorm, cfg.rmsEps);
-    const g = linear(h2, layer.gate), u = linear(h2, layer.up); // [ffn]
-    for (let j = 0; j < F; j++) g[j] = (g[j] / (1 + Math.exp(-g[j]))) * u[j];
-    const down = linear(g, layer.down);
-    for (let i = 0; i < H; i++) x[i] += down[i];
+    mlpInto(x, layer, cfg.rmsEps);
   });
   return linear(rmsnorm(x, model.weights.norm, cfg.rmsEps), model.weights.lmHead);
 }

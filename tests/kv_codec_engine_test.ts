@@ -18,6 +18,7 @@ import { loadModelFolder } from "../engine/model/folder.ts";
 import {
   linear,
   logSoftmax,
+  mlpInto,
   ReferenceModel,
   rmsnorm,
   rope,
@@ -61,7 +62,7 @@ function codecForward(
   codecBlocks: (q: number) => number,
 ): Float64Array[] {
   const cfg = m.config, w = m.weights;
-  const { hiddenSize: H, headDim: D, nHeads, nKvHeads: Hk, intermediateSize: F } = cfg;
+  const { hiddenSize: H, headDim: D, nHeads, nKvHeads: Hk } = cfg;
   const T = tokens.length, group = nHeads / Hk, full = Math.floor(T / 16);
   const x = tokens.map((t) => w.embed.slice(t * H, (t + 1) * H));
   for (const layer of w.layers) {
@@ -111,11 +112,7 @@ function codecForward(
     for (let t = 0; t < T; t++) {
       const o = linear(attn[t], layer.o, { bias: layer.oBias });
       for (let i = 0; i < H; i++) x[t][i] += o[i];
-      const h = rmsnorm(x[t], layer.postNorm, cfg.rmsEps);
-      const g = linear(h, layer.gate), u = linear(h, layer.up);
-      for (let j = 0; j < F; j++) g[j] = (g[j] / (1 + Math.exp(-g[j]))) * u[j];
-      const d = linear(g, layer.down);
-      for (let i = 0; i < H; i++) x[t][i] += d[i];
+      mlpInto(x[t], layer, cfg.rmsEps);
     }
   }
   return x.map((r) => linear(rmsnorm(r, w.norm, cfg.rmsEps), w.lmHead));

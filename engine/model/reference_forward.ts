@@ -119,7 +119,7 @@ export class ReferenceModel {
    */
   forward(tokens: number[], options: ForwardOptions = {}): Float64Array[] {
     const cfg = this.config;
-    const { hiddenSize: H, headDim: D, nHeads, nKvHeads, intermediateSize: F } = cfg;
+    const { hiddenSize: H, headDim: D, nHeads, nKvHeads } = cfg;
     const T = tokens.length;
     const w = this.weights;
     // Dynamic NTK: one forward over T tokens uses the frequencies of length T (transformers'
@@ -157,14 +157,7 @@ export class ReferenceModel {
       for (let t = 0; t < T; t++) {
         addInto(x[t], linear(input(attn[t], t), layer.o, { bias: layer.oBias }));
       }
-      // MLP block: x += down(silu(gate(h)) * up(h)) of h = rmsnorm(x)
-      for (let t = 0; t < T; t++) {
-        const h = input(rmsnorm(x[t], layer.postNorm, cfg.rmsEps), t);
-        const g = linear(h, layer.gate); // [ffn]
-        const u = linear(h, layer.up); // [ffn]
-        for (let j = 0; j < F; j++) g[j] = (g[j] / (1 + Math.exp(-g[j]))) * u[j];
-        addInto(x[t], linear(input(g, t), layer.down));
-      }
+      for (let t = 0; t < T; t++) mlpInto(x[t], layer, cfg.rmsEps, (r) => input(r, t));
     }
     const rows = options.lastOnly ? x.slice(-1) : x;
     return rows.map((r) => linear(rmsnorm(r, w.norm, cfg.rmsEps), w.lmHead));
@@ -295,6 +288,24 @@ export function attention(
     }
     return out;
   });
+}
+
+/**
+ * The MLP block of one position, in place: `x += down(silu(gate(h)) · up(h))` of
+ * `h = rmsnorm(x)` (the layer's post-attention norm). `input` sees each projection's input (the
+ * forward's `projectionInput` rounding); default as it is.
+ */
+export function mlpInto(
+  x: Float64Array,
+  layer: ReferenceLayer,
+  eps: number,
+  input: (r: Float64Array) => Float64Array = (r) => r,
+): void {
+  const h = input(rmsnorm(x, layer.postNorm, eps));
+  const g = linear(h, layer.gate); // [ffn]
+  const u = linear(h, layer.up); // [ffn]
+  for (let j = 0; j < g.length; j++) g[j] = (g[j] / (1 + Math.exp(-g[j]))) * u[j];
+  addInto(x, linear(input(g), layer.down));
 }
 
 function addInto(x: Float64Array, y: Float64Array): void {

@@ -12,6 +12,8 @@ import OpenAI from "openai";
 import { Engine } from "../engine/engine.ts";
 import { DEFAULT_MODEL } from "../main.ts";
 import { BLOCK } from "../engine/kv/blocks.ts";
+import { sampling } from "../api/types.ts";
+import { serverAddress } from "./util.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
 const dir = await Deno.makeTempDir({ prefix: "strata_tiers_e2e_" });
@@ -46,7 +48,7 @@ async function reference() {
   const turn = async (messages: Msg[]) => {
     const gen = roomy.generate({
       promptIds: roomy.encodeChat(messages),
-      sampling: { ...greedy, maxTokens: 12 },
+      sampling: sampling({ maxTokens: 12 }),
       sessionId: "conv",
     });
     let out = "";
@@ -57,17 +59,6 @@ async function reference() {
   const b = await turn([...first, { role: "assistant", content: a.text }, follow]);
   return { first: a.text, second: b.text, cached: b.cached };
 }
-const greedy = {
-  temperature: 0,
-  topP: 1,
-  topK: 0,
-  minP: 0,
-  presencePenalty: 0,
-  frequencyPenalty: 0,
-  repetitionPenalty: 1,
-  stop: [],
-  topLogprobs: 0,
-};
 
 /** Starts `main.ts serve` with `args`; its port and a way to stop it. */
 async function serve(args: string[]) {
@@ -76,17 +67,7 @@ async function serve(args: string[]) {
     stdout: "null",
     stderr: "piped",
   }).spawn();
-  const reader = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
-  let log = "";
-  while (!/at http:\/\/\S+\//.test(log)) {
-    const { value, done } = await reader.read();
-    if (done) throw new Error(`the server exited:\n${log}`);
-    log += value;
-  }
-  (async () => {
-    while (!(await reader.read()).done) { /* drain */ }
-  })();
-  const port = Number(log.match(/at http:\/\/[^:]+:(\d+)\//)![1]);
+  const { port } = await serverAddress(child.stderr);
   return {
     port,
     stop: async () => {

@@ -6,6 +6,7 @@
 import assert from "node:assert/strict";
 import { GENERATE_ENV, permissions, SERVE_ENV } from "../scripts/launch.ts";
 import { makeTestModel } from "../scripts/make_test_model.ts";
+import { serverAddress } from "./util.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 const none = () => undefined;
@@ -77,14 +78,7 @@ Deno.test("launch: deno task start and generate run with those permissions", asy
       stdout: "null",
       stderr: "piped",
     }).spawn();
-    const reader = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
-    let log = "";
-    while (!/at http:\/\/\S+\//.test(log)) {
-      const { value, done } = await reader.read();
-      if (done) throw new Error(`the server exited:\n${log}`);
-      log += value;
-    }
-    const url = log.match(/at (http:\/\/\S+)\//)![1];
+    const { url, closed } = await serverAddress(child.stderr);
     const res = await fetch(`${url}/v1/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
@@ -93,7 +87,7 @@ Deno.test("launch: deno task start and generate run with those permissions", asy
     assert.equal(res.status, 200, await res.clone().text());
     await res.body?.cancel();
     child.kill("SIGTERM"); // the launcher's: it passes it on, and the server drains
-    while (!(await reader.read()).done) { /* until the server's stderr closes */ }
+    await closed; // until the server's stderr closes
     assert.equal((await child.status).code, 0);
     assert.ok((await Deno.stat(kv)).isFile, "the session store was not written");
   } finally {

@@ -6,6 +6,7 @@
 import assert from "node:assert/strict";
 import { makeTestModel } from "../scripts/make_test_model.ts";
 import { head, rawRequest } from "./raw_http.ts";
+import { serverAddress } from "./util.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
 
@@ -50,18 +51,8 @@ Deno.test("serve: two keys, an allowed host, a header timeout and a connection l
     stdout: "null",
     stderr: "piped",
   }).spawn();
-  const reader = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
-  let log = "";
   try {
-    while (!/at http:\/\/\S+\//.test(log)) {
-      const { value, done } = await reader.read();
-      if (done) throw new Error(`the server exited:\n${log}`);
-      log += value;
-    }
-    (async () => {
-      while (!(await reader.read()).done) { /* drain */ }
-    })();
-    const port = Number(log.match(/at http:\/\/[^:]+:(\d+)\//)![1]);
+    const { port } = await serverAddress(child.stderr);
     const get = (host: string, key?: string) =>
       rawRequest(port, [
         head("GET", "/v1/models", { host, ...(key ? { authorization: `Bearer ${key}` } : {}) }),

@@ -207,16 +207,16 @@ Deno.test("tool call schemas: one call, any of several, an array; $refs moved; r
   }
 });
 
-Deno.test("chat templates: strata's preamble without tool support, the template's own with it", async () => {
-  const folder = await loadModelFolder(
-    new URL("../models/strata-default", import.meta.url).pathname,
-  );
-  const plain = TextTokenizer.load(folder);
-  assert.equal(plain.templateKnowsTools, false);
+/**
+ * A get_weather tool (with `description`, when given), and a conversation that called it for Oslo
+ * and got `result` back.
+ */
+function weatherCall(result: string, description?: string) {
   const tools = [{
     type: "function" as const,
     function: {
       name: "get_weather",
+      ...(description === undefined ? {} : { description }),
       parameters: { type: "object", properties: { city: { type: "string" } } },
     },
   }];
@@ -231,8 +231,18 @@ Deno.test("chat templates: strata's preamble without tool support, the template'
         function: { name: "get_weather", arguments: '{"city": "Oslo"}' },
       }],
     },
-    { role: "tool", content: "4 C, snow", tool_call_id: "call_1", name: "get_weather" },
+    { role: "tool", content: result, tool_call_id: "call_1", name: "get_weather" },
   ];
+  return { tools, history };
+}
+
+Deno.test("chat templates: strata's preamble without tool support, the template's own with it", async () => {
+  const folder = await loadModelFolder(
+    new URL("../models/strata-default", import.meta.url).pathname,
+  );
+  const plain = TextTokenizer.load(folder);
+  assert.equal(plain.templateKnowsTools, false);
+  const { tools, history } = weatherCall("4 C, snow");
   const text = plain.applyChatTemplate(history, {
     tools,
     toolChoice: "required",
@@ -311,27 +321,7 @@ Deno.test("chat templates: Qwen2.5's renders tools, calls and results as transfo
     ...folder.tokenizerConfig,
     chat_template: QWEN25_TEMPLATE,
   });
-  const tools = [{
-    type: "function" as const,
-    function: {
-      name: "get_weather",
-      description: "Weather",
-      parameters: { type: "object", properties: { city: { type: "string" } } },
-    },
-  }];
-  const history: ChatMessage[] = [
-    { role: "user", content: "Weather in Oslo?" },
-    {
-      role: "assistant",
-      content: "",
-      tool_calls: [{
-        id: "call_1",
-        type: "function",
-        function: { name: "get_weather", arguments: '{"city": "Oslo"}' },
-      }],
-    },
-    { role: "tool", content: "4 C", tool_call_id: "call_1", name: "get_weather" },
-  ];
+  const { tools, history } = weatherCall("4 C", "Weather");
   const system = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful " +
     "assistant.";
   assert.equal(

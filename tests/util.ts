@@ -131,6 +131,29 @@ export async function testGpu(): Promise<Gpu> {
 }
 
 /**
+ * Where a server started as a child process (`main.ts serve`, `deno task start`) listens: reads
+ * its `stderr` until it says "at http://…/", then goes on reading the rest in the background.
+ *
+ * @returns its URL (no trailing slash), port, and `closed`, settled once its stderr ends
+ * @throws Error with what it printed, when it exits first
+ */
+export async function serverAddress(stderr: ReadableStream<Uint8Array>) {
+  const reader = stderr.pipeThrough(new TextDecoderStream()).getReader();
+  let log = "";
+  while (!/at http:\/\/\S+\//.test(log)) {
+    const { value, done } = await reader.read();
+    if (done) throw new Error(`the server exited:\n${log}`);
+    log += value;
+  }
+  const closed = (async () => {
+    while (!(await reader.read()).done) { /* drain */ }
+  })();
+  const url = log.match(/at (http:\/\/\S+)\//)![1];
+  const port = Number(log.match(/at http:\/\/[^:]+:(\d+)\//)![1]);
+  return { url, port, closed };
+}
+
+/**
  * The permission flags `deno task NAME` runs its script with (deno.json), so that a test running
  * the script as a child process checks that the task's permissions suffice.
  */

@@ -197,6 +197,8 @@ for (const via of ["host memory", "files"] as const) {
     assert.equal(st.spilled.blocks, 3);
     assert.equal(st[via === "files" ? "file" : "host"]!.blocks, 3);
     assert.equal(st.host.bytes, via === "files" ? 0 : 3 * data[0].byteLength);
+    // Written blocks' buffers are kept past a budget of 0 (the transit allowance) for the reads.
+    assert.equal(st.host.spareBytes, via === "files" ? 3 * data[0].byteLength : 0);
     if (spill) assert.equal((await Array.fromAsync(Deno.readDir(spill))).length, 3);
 
     // Another tenant's prompt with the same tokens finds nothing.

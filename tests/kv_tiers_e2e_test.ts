@@ -120,6 +120,10 @@ Deno.test("e2e: an evicted session continues identically from host memory and sp
     // (A loaded CPU machine may trip the breaker: spills then pause; nothing here needs more.)
     assert.equal(typeof kv.spill.paused, "boolean");
     assert.equal(kv.host.budget_bytes, 2 ** 20);
+    assert.ok(
+      Number.isInteger(kv.host.spare_bytes) && kv.host.spare_bytes >= 0,
+      JSON.stringify(kv),
+    );
     assert.ok(kv.file.blocks > 0 && kv.file.bytes > 0, JSON.stringify(kv));
     const p = kv.profile;
     assert.ok(p.recompute_tokens_per_s > 0 && p.block_bytes > 0, JSON.stringify(p));
